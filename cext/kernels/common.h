@@ -1,0 +1,216 @@
+/* Helpers shared by the kernel files.  Each variant translation unit (variant_generic.c,
+ * variant_avx2.c) includes this once; EX_AVX2 is defined only in the AVX2+FMA+F16C unit.
+ * The portable half-precision conversions are the reference; the F16C ones are the fast path. */
+#ifndef EX_KERNELS_COMMON_H
+#define EX_KERNELS_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../internal.h"
+#ifdef EX_AVX2
+#include <immintrin.h>
+#endif
+
+#define EX_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define EX_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+static inline uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline int dtype_ok(int32_t dt) { return dt >= EX_F32 && dt <= EX_BOOL; }
+static inline int dtype_is_float(int32_t dt) { return dt == EX_F32 || dt == EX_F16 || dt == EX_BF16; }
+static inline int dtype_size(int32_t dt) {
+  static const int8_t sz[] = {4, 2, 2, 1, 1, 4, 8, 1};
+  return sz[dt];
+}
+
+/* ---- f16 / bf16 <-> f32, round to nearest even ---- */
+static inline float f16_to_f32(uint16_t h) {
+#ifdef EX_AVX2
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 0x1f) return f_from_bits(sign | 0x7f800000u | (m << 13));
+  if (e) return f_from_bits(sign | ((e + 112) << 23) | (m << 13));
+  return f_from_bits(sign | f_bits((float)m * 5.9604644775390625e-8f)); /* m * 2^-24, exact */
+#endif
+}
+
+static inline uint16_t f32_to_f16(float f) {
+#ifdef EX_AVX2
+  return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+  uint32_t x = f_bits(f), sign = (x >> 16) & 0x8000;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) /* inf or NaN (kept quiet) */
+    return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00 | ((x >> 13) & 0x3ff) : 0x7c00));
+  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
+  if (x < 0x38800000u) {
+    /* below 2^-14: adding 0.5f puts the f16 subnormal ulp (2^-24) at the float ulp, so the
+     * FPU's own round-to-nearest-even does the rounding */
+    float a = f_from_bits(x) + 0.5f;
+    return (uint16_t)(sign | (f_bits(a) - 0x3f000000u));
+  }
+  x += 0xc8000fffu + ((x >> 13) & 1); /* rebias exponent by -112, round half to even */
+  return (uint16_t)(sign | (x >> 13));
+#endif
+}
+
+static inline float bf16_to_f32(uint16_t h) { return f_from_bits((uint32_t)h << 16); }
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t x = f_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* strided arrays of f16 <-> contiguous f32 */
+static void f16_load(float *d, const uint16_t *s, int64_t st, int64_t n) {
+  int64_t i = 0;
+#ifdef EX_AVX2
+  if (st == 1)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+  for (; i < n; i++) d[i] = f16_to_f32(s[i * st]);
+}
+static void f16_store(uint16_t *d, int64_t st, const float *s, int64_t n) {
+  int64_t i = 0;
+#ifdef EX_AVX2
+  if (st == 1)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128((__m128i *)(d + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) d[i * st] = f32_to_f16(s[i]);
+}
+
+/* float -> int64 truncating toward zero; NaN and out-of-range give INT64_MIN (as x86 does) */
+static inline int64_t f_to_i64(float x) {
+  return (x >= -9.223372036854775808e18f && x < 9.223372036854775808e18f) ? (int64_t)x : INT64_MIN;
+}
+
+/* NumPy maximum/minimum: NaN in either operand wins */
+static inline float nan_max(float x, float y) { float r = x >= y ? x : y; return x != x ? x : r; }
+static inline float nan_min(float x, float y) { float r = x <= y ? x : y; return x != x ? x : r; }
+
+/* ---- strided loads (widen to f32 / int64) and stores (narrow to the dtype) ----
+ * float->int truncates (f_to_i64), int->narrower int wraps, anything->bool is (x != 0). */
+#define CONV_LOOP(DST, SRC_T, SRC, S, N, EXPR)                            \
+  do {                                                                    \
+    const SRC_T *src_ = (const SRC_T *)(SRC);                             \
+    if ((S) == 1)                                                         \
+      for (int64_t i_ = 0; i_ < (N); i_++) { SRC_T v = src_[i_]; (DST)[i_] = (EXPR); } \
+    else                                                                  \
+      for (int64_t i_ = 0; i_ < (N); i_++) { SRC_T v = src_[i_ * (S)]; (DST)[i_] = (EXPR); } \
+  } while (0)
+
+static void load_f(float *d, const void *x, int32_t dt, int64_t s, int64_t n) {
+  switch (dt) {
+  case EX_F32: CONV_LOOP(d, float, x, s, n, v); break;
+  case EX_F16: f16_load(d, (const uint16_t *)x, s, n); break;
+  case EX_BF16: CONV_LOOP(d, uint16_t, x, s, n, bf16_to_f32(v)); break;
+  case EX_I8: CONV_LOOP(d, int8_t, x, s, n, (float)v); break;
+  case EX_U8: CONV_LOOP(d, uint8_t, x, s, n, (float)v); break;
+  case EX_I32: CONV_LOOP(d, int32_t, x, s, n, (float)v); break;
+  case EX_I64: CONV_LOOP(d, int64_t, x, s, n, (float)v); break;
+  default: CONV_LOOP(d, uint8_t, x, s, n, v != 0 ? 1.0f : 0.0f); break;
+  }
+}
+
+static void load_i(int64_t *d, const void *x, int32_t dt, int64_t s, int64_t n) {
+  switch (dt) {
+  case EX_F32: CONV_LOOP(d, float, x, s, n, f_to_i64(v)); break;
+  case EX_F16: CONV_LOOP(d, uint16_t, x, s, n, f_to_i64(f16_to_f32(v))); break;
+  case EX_BF16: CONV_LOOP(d, uint16_t, x, s, n, f_to_i64(bf16_to_f32(v))); break;
+  case EX_I8: CONV_LOOP(d, int8_t, x, s, n, v); break;
+  case EX_U8: CONV_LOOP(d, uint8_t, x, s, n, v); break;
+  case EX_I32: CONV_LOOP(d, int32_t, x, s, n, v); break;
+  case EX_I64: CONV_LOOP(d, int64_t, x, s, n, v); break;
+  default: CONV_LOOP(d, uint8_t, x, s, n, v != 0); break;
+  }
+}
+
+#define STORE_LOOP(DST_T, DST, S, SRC, N, EXPR)                           \
+  do {                                                                    \
+    DST_T *dst_ = (DST_T *)(DST);                                         \
+    if ((S) == 1)                                                         \
+      for (int64_t i_ = 0; i_ < (N); i_++) { __typeof__((SRC)[0]) v = (SRC)[i_]; dst_[i_] = (DST_T)(EXPR); } \
+    else                                                                  \
+      for (int64_t i_ = 0; i_ < (N); i_++) { __typeof__((SRC)[0]) v = (SRC)[i_]; dst_[i_ * (S)] = (DST_T)(EXPR); } \
+  } while (0)
+
+static void store_f(void *y, int32_t dt, int64_t s, const float *d, int64_t n) {
+  switch (dt) {
+  case EX_F32: STORE_LOOP(float, y, s, d, n, v); break;
+  case EX_F16: f16_store((uint16_t *)y, s, d, n); break;
+  case EX_BF16: STORE_LOOP(uint16_t, y, s, d, n, f32_to_bf16(v)); break;
+  case EX_I8: STORE_LOOP(int8_t, y, s, d, n, f_to_i64(v)); break;
+  case EX_U8: STORE_LOOP(uint8_t, y, s, d, n, f_to_i64(v)); break;
+  case EX_I32: STORE_LOOP(int32_t, y, s, d, n, f_to_i64(v)); break;
+  case EX_I64: STORE_LOOP(int64_t, y, s, d, n, f_to_i64(v)); break;
+  default: STORE_LOOP(uint8_t, y, s, d, n, v != 0); break;
+  }
+}
+
+static void store_i(void *y, int32_t dt, int64_t s, const int64_t *d, int64_t n) {
+  switch (dt) {
+  case EX_F32: STORE_LOOP(float, y, s, d, n, (float)v); break;
+  case EX_F16: STORE_LOOP(uint16_t, y, s, d, n, f32_to_f16((float)v)); break;
+  case EX_BF16: STORE_LOOP(uint16_t, y, s, d, n, f32_to_bf16((float)v)); break;
+  case EX_I8: STORE_LOOP(int8_t, y, s, d, n, v); break;   /* gcc: conversion wraps */
+  case EX_U8: STORE_LOOP(uint8_t, y, s, d, n, v); break;
+  case EX_I32: STORE_LOOP(int32_t, y, s, d, n, v); break;
+  case EX_I64: STORE_LOOP(int64_t, y, s, d, n, v); break;
+  default: STORE_LOOP(uint8_t, y, s, d, n, v != 0); break;
+  }
+}
+
+/* Pairwise sum of a contiguous float array (NumPy's scheme: 8 lanes below 128 elements). */
+static float sum_f32(const float *x, int64_t n) {
+  if (n < 8) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    return s;
+  }
+  if (n <= 128) {
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = x[j];
+    int64_t i = 8;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; j++) acc[j] += x[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += x[i];
+    return s;
+  }
+  int64_t h = (n / 2) & ~(int64_t)7;
+  return sum_f32(x, h) + sum_f32(x + h, n - h);
+}
+
+/* Accumulates a stream of equal-sized float partial vectors pairwise (a binary counter of
+ * levels), so the error grows with log(count) instead of count. */
+#define EX_PW_LEVELS 40
+typedef struct {
+  float *lv;     /* EX_PW_LEVELS * w floats */
+  uint64_t mask; /* occupied levels */
+  int64_t w;
+} pairwise_acc;
+
+static void pw_push(pairwise_acc *p, float *v) { /* v is clobbered */
+  int l = 0;
+  for (; p->mask >> l & 1; l++) {
+    float *o = p->lv + l * p->w;
+    for (int64_t j = 0; j < p->w; j++) v[j] += o[j];
+  }
+  p->mask = (p->mask & ~((((uint64_t)1) << l) - 1)) | ((uint64_t)1 << l);
+  memcpy(p->lv + l * p->w, v, (size_t)p->w * sizeof(float));
+}
+static void pw_total(pairwise_acc *p, float *out) {
+  for (int64_t j = 0; j < p->w; j++) out[j] = 0.0f;
+  for (int l = 0; l < EX_PW_LEVELS; l++)
+    if (p->mask >> l & 1)
+      for (int64_t j = 0; j < p->w; j++) out[j] += p->lv[l * p->w + j];
+}
+
+#endif

@@ -1,0 +1,284 @@
+/* Runtime: CPU feature detection and kernel dispatch, the thread pool, counted aligned memory.
+ *
+ * Dispatch: every public kernel entry point calls through the table of the selected variant
+ * (ex_kernels_avx2 or ex_kernels_generic), chosen at first use from the CPU features and the
+ * EXPRESS_ISA environment variable ("generic" forces the portable kernels), or by ex_set_isa.
+ *
+ * Pool: n - 1 persistent workers plus the calling thread.  A job is published by one 64-bit
+ * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
+ * that word, so a worker that wakes late can never run a chunk of a newer job.  Idle workers
+ * spin briefly (for low dispatch latency between back-to-back ops) and then sleep on a
+ * condition variable. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "internal.h"
+
+/* ---- ISA dispatch ---- */
+static _Atomic(const ex_kernel_table *) g_table;
+
+int ex_cpu_has_avx2(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return 0;
+#endif
+}
+
+static const ex_kernel_table *table_for(int isa) {
+#if defined(__x86_64__)
+  if (isa == EX_ISA_AVX2) return &ex_kernels_avx2;
+#endif
+  (void)isa;
+  return &ex_kernels_generic;
+}
+
+static const ex_kernel_table *K(void) {
+  const ex_kernel_table *t = atomic_load_explicit(&g_table, memory_order_acquire);
+  if (!t) {
+    const char *e = getenv("EXPRESS_ISA");
+    const int generic = e && strcmp(e, "generic") == 0;
+    t = table_for(!generic && ex_cpu_has_avx2() ? EX_ISA_AVX2 : EX_ISA_GENERIC);
+    atomic_store_explicit(&g_table, t, memory_order_release);
+  }
+  return t;
+}
+
+int ex_isa(void) { return K() == &ex_kernels_generic ? EX_ISA_GENERIC : EX_ISA_AVX2; }
+
+int ex_set_isa(int isa) {
+  if (isa != EX_ISA_GENERIC && !(isa == EX_ISA_AVX2 && ex_cpu_has_avx2())) return EX_EINVAL;
+  atomic_store_explicit(&g_table, table_for(isa), memory_order_release);
+  return EX_OK;
+}
+
+int ex_elementwise(const ex_program *p) { return K()->elementwise(p); }
+
+int ex_copy(int32_t elem_size, const void *src, const int64_t *src_strides, void *dst,
+            int32_t ndim, const int64_t *shape) {
+  return K()->copy(elem_size, src, src_strides, dst, ndim, shape);
+}
+
+int ex_reduce(int32_t op, int32_t in_dtype, const void *x, int32_t out_dtype, void *y,
+              int64_t outer, int64_t r, int64_t inner) {
+  return K()->reduce(op, in_dtype, x, out_dtype, y, outer, r, inner);
+}
+
+int ex_cumsum(int32_t in_dtype, const void *x, int32_t out_dtype, void *y,
+              int64_t outer, int64_t r, int64_t inner) {
+  return K()->cumsum(in_dtype, x, out_dtype, y, outer, r, inner);
+}
+
+int ex_matmul(int32_t dtype, const void *a, int64_t a_rs, int64_t a_cs,
+              const void *b, int64_t b_rs, int64_t b_cs, void *c,
+              int64_t m, int64_t n, int64_t k,
+              int32_t nbatch_dims, const int64_t *batch_shape,
+              const int64_t *a_bs, const int64_t *b_bs) {
+  return K()->matmul(dtype, a, a_rs, a_cs, b, b_rs, b_cs, c, m, n, k, nbatch_dims, batch_shape,
+                     a_bs, b_bs);
+}
+
+int ex_softmax(const float *x, float *y, int64_t outer, int64_t r, int64_t inner, int32_t log) {
+  return K()->softmax(x, y, outer, r, inner, log);
+}
+
+/* ---- counted aligned memory: a 64-byte header in front of each block holds its size ---- */
+static _Atomic int64_t g_mem_cur, g_mem_peak;
+
+void *ex_alloc(size_t nbytes) {
+  if (nbytes > SIZE_MAX - 128) return NULL;
+  char *raw = aligned_alloc(64, (nbytes + 64 + 63) / 64 * 64);
+  if (!raw) return NULL;
+  memcpy(raw, &nbytes, sizeof nbytes);
+  const int64_t cur = atomic_fetch_add(&g_mem_cur, (int64_t)nbytes) + (int64_t)nbytes;
+  int64_t peak = atomic_load(&g_mem_peak);
+  while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
+  return raw + 64;
+}
+
+void ex_free(void *p) {
+  if (!p) return;
+  char *raw = (char *)p - 64;
+  size_t nbytes;
+  memcpy(&nbytes, raw, sizeof nbytes);
+  atomic_fetch_sub(&g_mem_cur, (int64_t)nbytes);
+  free(raw);
+}
+
+int64_t ex_mem_current(void) { return atomic_load(&g_mem_cur); }
+int64_t ex_mem_peak(void) { return atomic_load(&g_mem_peak); }
+void ex_mem_reset_peak(void) { atomic_store(&g_mem_peak, atomic_load(&g_mem_cur)); }
+
+/* ---- thread pool ---- */
+#define SPIN_NS 200000 /* how long an idle worker spins before sleeping */
+#define MAX_THREADS 256
+
+static struct {
+  pthread_mutex_t run_lock; /* held by the thread running a job (or resizing) */
+  pthread_mutex_t cv_lock;
+  pthread_cond_t cv;
+  _Atomic uint64_t ticket;  /* gen << 32 | next chunk << 16 | chunk count */
+  _Atomic int done;         /* chunks finished in the current job */
+  _Atomic int sleeping;     /* workers blocked on cv */
+  _Atomic int stop;
+  uint32_t gen;
+  ex_task_fn fn;
+  void *ctx;
+  int64_t n, per;
+  int nthreads;             /* configured, including the caller */
+  int nworkers;             /* running */
+  pthread_t workers[MAX_THREADS];
+} P = {.run_lock = PTHREAD_MUTEX_INITIALIZER, .cv_lock = PTHREAD_MUTEX_INITIALIZER,
+       .cv = PTHREAD_COND_INITIALIZER};
+
+static _Thread_local int t_in_task;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static uint32_t ticket_gen(uint64_t t) { return (uint32_t)(t >> 32); }
+
+/* claim and run chunks of job `gen` until none are left */
+static void run_chunks(uint32_t gen) {
+  uint64_t t = atomic_load(&P.ticket);
+  for (;;) {
+    const uint32_t next = (uint32_t)(t >> 16) & 0xffff, cnt = (uint32_t)t & 0xffff;
+    if (ticket_gen(t) != gen || next >= cnt) return;
+    if (!atomic_compare_exchange_weak(&P.ticket, &t, t + (1u << 16))) continue;
+    /* the job cannot be replaced before this chunk is counted done */
+    const int64_t b = (int64_t)next * P.per, e = b + P.per < P.n ? b + P.per : P.n;
+    t_in_task = 1;
+    P.fn(P.ctx, b, e);
+    t_in_task = 0;
+    atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+    t = atomic_load(&P.ticket);
+  }
+}
+
+static void *worker_main(void *arg) {
+  uint32_t seen = (uint32_t)(uintptr_t)arg;
+  for (;;) {
+    uint32_t g;
+    const int64_t t0 = now_ns();
+    for (int spins = 0; (g = ticket_gen(atomic_load(&P.ticket))) == seen && !atomic_load(&P.stop);
+         spins++) {
+      cpu_relax();
+      if ((spins & 63) == 63 && now_ns() - t0 > SPIN_NS) {
+        pthread_mutex_lock(&P.cv_lock);
+        atomic_fetch_add(&P.sleeping, 1);
+        while (ticket_gen(atomic_load(&P.ticket)) == seen && !atomic_load(&P.stop))
+          pthread_cond_wait(&P.cv, &P.cv_lock);
+        atomic_fetch_sub(&P.sleeping, 1);
+        pthread_mutex_unlock(&P.cv_lock);
+      }
+    }
+    if (atomic_load(&P.stop)) return NULL;
+    seen = g;
+    run_chunks(g);
+  }
+}
+
+static void wake_all(void) {
+  if (atomic_load(&P.sleeping)) {
+    pthread_mutex_lock(&P.cv_lock);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.cv_lock);
+  }
+}
+
+/* with run_lock held: stop the workers */
+static void stop_workers(void) {
+  atomic_store(&P.stop, 1);
+  pthread_mutex_lock(&P.cv_lock);
+  pthread_cond_broadcast(&P.cv);
+  pthread_mutex_unlock(&P.cv_lock);
+  for (int i = 0; i < P.nworkers; i++) pthread_join(P.workers[i], NULL);
+  P.nworkers = 0;
+  atomic_store(&P.stop, 0);
+}
+
+/* with run_lock held: start the missing workers (fewer if the system refuses) */
+static void start_workers(void) {
+  while (P.nworkers < P.nthreads - 1 &&
+         pthread_create(&P.workers[P.nworkers], NULL, worker_main, (void *)(uintptr_t)P.gen) == 0)
+    P.nworkers++;
+}
+
+static void after_fork_child(void) { /* the workers did not survive the fork */
+  pthread_mutex_init(&P.run_lock, NULL);
+  pthread_mutex_init(&P.cv_lock, NULL);
+  pthread_cond_init(&P.cv, NULL);
+  P.nworkers = 0;
+  atomic_store(&P.sleeping, 0);
+  atomic_store(&P.stop, 0);
+}
+
+static void pool_init(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *e = getenv("EXPRESS_NUM_THREADS");
+  if (e && atoi(e) > 0) n = atoi(e);
+  P.nthreads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+  pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+void ex_set_num_threads(int n) {
+  pthread_once(&g_once, pool_init);
+  n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+  pthread_mutex_lock(&P.run_lock);
+  if (n - 1 < P.nworkers) stop_workers(); /* restarted lazily by the next job */
+  P.nthreads = n;
+  pthread_mutex_unlock(&P.run_lock);
+}
+
+int ex_get_num_threads(void) {
+  pthread_once(&g_once, pool_init);
+  return P.nthreads;
+}
+
+int ex_pool_width(void) { return t_in_task ? 1 : ex_get_num_threads(); }
+
+void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  const int nt = ex_pool_width();
+  int64_t chunks = (n + grain - 1) / grain;
+  if (chunks > 4 * (int64_t)nt) chunks = 4 * (int64_t)nt;
+  if (nt == 1 || chunks <= 1 || pthread_mutex_trylock(&P.run_lock) != 0) {
+    fn(ctx, 0, n);
+    return;
+  }
+  start_workers();
+  if (P.nworkers == 0) {
+    pthread_mutex_unlock(&P.run_lock);
+    fn(ctx, 0, n);
+    return;
+  }
+  P.fn = fn;
+  P.ctx = ctx;
+  P.n = n;
+  P.per = (n + chunks - 1) / chunks;
+  chunks = (n + P.per - 1) / P.per;
+  atomic_store(&P.done, 0);
+  const uint32_t gen = ++P.gen;
+  atomic_store(&P.ticket, (uint64_t)gen << 32 | (uint64_t)chunks); /* publishes the job */
+  wake_all();
+  run_chunks(gen);
+  while (atomic_load_explicit(&P.done, memory_order_acquire) < chunks) cpu_relax();
+  pthread_mutex_unlock(&P.run_lock);
+}

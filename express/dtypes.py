@@ -1,0 +1,135 @@
+"""The eight dtypes, their NumPy counterparts and the promotion rules.
+
+Promotion follows the Python Array API: same-kind types widen, int with float gives the float,
+int8 with uint8 gives int32 here (no int16), float16 with bfloat16 gives float32. Python scalars are
+"weak": they take the tensor's dtype when their kind allows it.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .errors import DTypeError
+
+
+class DType:
+    __slots__ = ("name", "code", "np", "itemsize", "kind")
+
+    def __init__(self, name: str, code: int, npdtype, kind: str):
+        self.name, self.code, self.np, self.kind = name, code, np.dtype(npdtype), kind
+        self.itemsize = self.np.itemsize
+
+    is_float = property(lambda self: self.kind == "f")
+    is_int = property(lambda self: self.kind in "iu")
+    is_bool = property(lambda self: self.kind == "b")
+
+    def __repr__(self):
+        return f"express.{self.name}"
+
+    def __reduce__(self):
+        return (_by_name, (self.name,))
+
+
+# codes match `enum ex_dtype` in cext/express.h
+float32 = DType("float32", 0, np.float32, "f")
+float16 = DType("float16", 1, np.float16, "f")
+bfloat16 = DType("bfloat16", 2, ml_dtypes.bfloat16, "f")
+int8 = DType("int8", 3, np.int8, "i")
+uint8 = DType("uint8", 4, np.uint8, "u")
+int32 = DType("int32", 5, np.int32, "i")
+int64 = DType("int64", 6, np.int64, "i")
+bool_ = DType("bool", 7, np.bool_, "b")
+
+ALL = (float32, float16, bfloat16, int8, uint8, int32, int64, bool_)
+FLOATS = (float32, float16, bfloat16)
+INTS = (int8, uint8, int32, int64)
+_BY_NAME = {d.name: d for d in ALL}
+_BY_NP = {d.np: d for d in ALL}
+# NumPy types we accept on the way in and narrow, as MNN does: there is no float64 kernel path
+_NARROWED = {np.dtype(np.float64): float32, np.dtype(np.int16): int32, np.dtype(np.uint16): int32,
+             np.dtype(np.uint32): int64}
+
+
+def _by_name(name):
+    return _BY_NAME[name]
+
+
+def as_dtype(x) -> DType:
+    """`x` as an Express dtype: a DType, a name ('float32'), a NumPy dtype or a Python type."""
+    if isinstance(x, DType):
+        return x
+    if x is float:
+        return float32
+    if x is int:
+        return int64
+    if x is bool:
+        return bool_
+    if isinstance(x, str) and x in _BY_NAME:
+        return _BY_NAME[x]
+    try:
+        npd = np.dtype(x)
+    except TypeError:
+        raise DTypeError(f"unknown dtype {x!r}; Express supports {', '.join(_BY_NAME)}") from None
+    if npd in _BY_NP:
+        return _BY_NP[npd]
+    raise DTypeError(f"dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")
+
+
+def from_numpy(npd) -> DType:
+    """The dtype an incoming NumPy array is stored as (float64 narrows to float32)."""
+    npd = np.dtype(npd)
+    if npd in _BY_NP:
+        return _BY_NP[npd]
+    if npd in _NARROWED:
+        return _NARROWED[npd]
+    raise DTypeError(f"NumPy dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")
+
+
+_INT_RANK = {int8: 0, uint8: 0, int32: 1, int64: 2}
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The result type of a binary op on two tensors."""
+    if a is b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_float and b.is_float:
+        return float32  # any mix of distinct float types
+    if a.is_float:
+        return a
+    if b.is_float:
+        return b
+    if {a, b} == {int8, uint8}:
+        return int32
+    return a if _INT_RANK[a] >= _INT_RANK[b] else b
+
+
+def scalar_dtype(value, other: DType) -> DType:
+    """The dtype a Python scalar takes next to a tensor of dtype `other` (weak promotion)."""
+    if isinstance(value, (bool, np.bool_)):
+        return other
+    if isinstance(value, (int, np.integer)):
+        if other.is_bool:
+            return int64
+        if other.is_int:
+            info = np.iinfo(other.np)
+            if not info.min <= int(value) <= info.max:
+                raise DTypeError(f"Python int {value} does not fit in {other.name}")
+        return other
+    if isinstance(value, (float, np.floating)):
+        return other if other.is_float else float32
+    raise DTypeError(f"cannot use {type(value).__name__} {value!r} as a tensor operand")
+
+
+def default_for(value) -> DType:
+    """The dtype of a lone Python scalar."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool_
+    if isinstance(value, (int, np.integer)):
+        return int64
+    if isinstance(value, (float, np.floating)):
+        return float32
+    raise DTypeError(f"cannot make a tensor from {type(value).__name__} {value!r}")

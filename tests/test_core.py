@@ -1,0 +1,198 @@
+"""The expression layer: laziness, eval, compile, planning and memory, errors, interop."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import express as ex
+from express.plan import Plan
+
+
+def test_lazy_until_needed():
+    before = ex.memory_stats()["current"]
+    y = ex.ones((4096, 4096)) * 3 + 1  # 64 MB if it ran
+    assert not y.is_evaluated and "lazy" in repr(y)
+    assert ex.memory_stats()["current"] == before
+    assert float(y[1, 2]) == 4.0 and y.is_evaluated is False  # indexing evaluates only the view's base
+    s = ex.sum(ex.ones((3, 3)))
+    assert "lazy: sum" in repr(s)
+    assert float(s) == 9.0 and "9" in repr(s) and float(str(s)) == 9.0
+
+
+def test_eval_shares_subgraphs():
+    a = ex.arange(5).astype(ex.float32)
+    b = ex.exp(a)
+    c, d = b + 1, b * 2
+    plan = Plan([c, d])
+    assert plan.n_steps == 3  # exp once, then the two consumers
+    ex.eval(c, d)
+    np.testing.assert_allclose(c.numpy(), np.exp(np.arange(5, dtype=np.float32)) + 1, rtol=1e-6)
+    np.testing.assert_allclose(d.numpy(), np.exp(np.arange(5, dtype=np.float32)) * 2, rtol=1e-6)
+
+
+def test_cse_merges_equal_nodes():
+    x = ex.asarray(np.ones(3, np.float32))
+    y = ex.sum(x * 2) + ex.sum(x * 2)  # the two halves are the same computation
+    assert Plan([y]).n_steps == 3
+    assert float(y) == 12.0
+
+
+def test_fusion_makes_one_step():
+    x = ex.asarray(np.linspace(0, 1, 1000, dtype=np.float32))
+    y = x
+    for _ in range(50):
+        y = ex.tanh(y) * 1.01 + 0.001
+    assert Plan([y]).n_steps == 1
+    want = np.linspace(0, 1, 1000, dtype=np.float32)
+    for _ in range(50):
+        want = np.tanh(want) * np.float32(1.01) + np.float32(0.001)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
+
+
+def test_buffers_reused_in_unfusable_chain():
+    x = ex.asarray(np.ones((256, 256), np.float32) / 256)
+    y = x
+    for _ in range(20):
+        y = ex.exp(y @ x)  # matmul breaks fusion: 40 steps, 39 intermediates of 256 KB
+    plan = Plan([y])
+    assert plan.n_steps == 40
+    assert plan.arena_bytes <= 3 * 256 * 256 * 4  # not 39 buffers: freed ones are reused
+    ref = np.ones((256, 256), np.float32) / 256
+    want = ref
+    for _ in range(20):
+        want = np.exp(want @ ref)
+    np.testing.assert_allclose(plan.run()[0], want, rtol=1e-4)
+
+
+def test_peak_memory_of_long_chain():
+    """100 elementwise ops over a 64 MB tensor: peak memory stays under 3x the tensor."""
+    code = textwrap.dedent("""
+        import resource, numpy as np, express as ex
+        x = np.ones((4096, 4096), np.float32)          # 64 MB
+        ex.zeros((4,)).numpy()                        # warm up the library
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - x.nbytes
+        ex.reset_peak_memory()
+        y = ex.asarray(x)
+        for i in range(100):
+            y = (y * 1.0001 + 0.5) if i % 2 else ex.sqrt(ex.abs(y))
+        out = y.numpy()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        print(peak / x.nbytes, ex.memory_stats()["peak"] / x.nbytes, float(out[0, 0]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rss_ratio, engine_ratio, v = map(float, r.stdout.split())
+    assert rss_ratio < 3.0, r.stdout
+    assert engine_ratio <= 1.01  # the engine held only the output
+    want = np.float32(1.0)
+    for i in range(100):
+        want = (want * np.float32(1.0001) + np.float32(0.5)) if i % 2 else np.sqrt(np.abs(want))
+    assert abs(v - want) < 1e-3 * abs(want)
+
+
+def test_compile_replays_and_folds_constants():
+    w = ex.random.normal((8, 8), seed=0)
+    calls = []
+
+    def f(x, scale):
+        calls.append(1)
+        return ex.tanh(x @ (w @ w.T)) * scale + ex.ones((8,)).sum()
+
+    g = ex.compile(f)
+    for i in range(3):
+        xn = np.random.default_rng(i).standard_normal((4, 8)).astype(np.float32)
+        got = g(xn, 2.0)
+        wn = w.numpy()
+        np.testing.assert_allclose(got.numpy(), np.tanh(xn @ (wn @ wn.T)) * 2 + 8, rtol=1e-4, atol=1e-5)
+    assert len(calls) == 1  # traced once
+    (c,) = g.cache.values()
+    assert c.plan.n_steps == 2  # w @ w.T and the sum were folded: matmul + one fused group
+    g(np.zeros((5, 8), np.float32), 2.0)
+    assert len(calls) == 2 and len(g.cache) == 2  # a new shape traces again
+    out = g(np.zeros((4, 8), np.float32), 2.0)
+    assert out.numpy().shape == (4, 8) and got.numpy()[0, 0] != out.numpy()[0, 0]  # results are not shared
+
+
+def test_compile_outputs_and_errors():
+    h = ex.compile(lambda x: {"a": x + 1, "b": (x.T, ex.sum(x))})
+    with pytest.raises(ex.ExpressError, match="Tensor"):
+        h(np.ones((2, 2), np.float32))
+    k = ex.compile(lambda x: (x * 2, x.T))
+    a, b = k(np.arange(4, dtype=np.float32).reshape(2, 2))
+    np.testing.assert_array_equal(b.numpy(), np.arange(4).reshape(2, 2).T)
+    bad = ex.compile(lambda x: x * 2 if float(x.sum()) > 0 else x)
+    with pytest.raises(ex.ExpressError, match="traced input"):
+        bad(np.ones(3, np.float32))
+
+
+def test_errors_name_op_and_shapes():
+    a, b = ex.ones((2, 3)), ex.ones((4, 3))
+    with pytest.raises(ex.ShapeError, match=r"add: shapes \(2, 3\), \(4, 3\) do not broadcast"):
+        a + b
+    with pytest.raises(ex.ShapeError, match=r"matmul: shapes \(2, 3\) and \(4, 3\)"):
+        a @ b
+    with pytest.raises(ex.ShapeError, match="reshape"):
+        a.reshape(4, 2)
+    with pytest.raises(ex.AxisError, match="sum: axis 2 is out of range"):
+        ex.sum(a, axis=2)
+    with pytest.raises(ex.OutOfRangeError, match="index 5 is out of range for axis 1 of size 3"):
+        a[0, 5]
+    with pytest.raises(ex.OutOfRangeError, match="take"):
+        ex.take(a, [7], axis=0)
+    with pytest.raises(ex.OutOfRangeError, match="take: index 9"):  # lazy indices: checked by the kernel
+        ex.take(a, ex.asarray(np.array([9])) + 0, axis=1).numpy()
+    with pytest.raises(ex.DTypeError, match="not supported"):
+        ex.asarray(np.ones(2, np.complex64))
+    with pytest.raises(ex.DTypeError, match="subtract: not defined for bool"):
+        ex.asarray(np.ones(2, bool)) - ex.asarray(np.ones(2, bool))
+    with pytest.raises(ex.ShapeError, match="max: zero-size"):
+        ex.max(ex.zeros((0, 3)), axis=0)
+    with pytest.raises(ex.ShapeError, match="concat"):
+        ex.concat([a, ex.ones((2, 2))], axis=0)
+    with pytest.raises(ex.ExpressError):
+        ex.set_num_threads(0)
+    assert issubclass(ex.ShapeError, ValueError) and issubclass(ex.OutOfRangeError, IndexError)
+
+
+def test_numpy_interop():
+    x = ex.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert isinstance(np.asarray(x), np.ndarray)
+    assert np.asarray(x, dtype=np.float64).dtype == np.float64
+    assert isinstance(np.arange(3) + ex.ones((3,)), ex.Tensor)
+    assert x.ndim == 2 and x.size == 6 and len(x) == 2 and x.T.shape == (3, 2)
+    assert [r.tolist() for r in x] == [[0, 1, 2], [3, 4, 5]]
+    assert int(x[1, 1]) == 4 and bool(x[0, 1]) and x[1].tolist() == [3, 4, 5]
+    assert x._repr_html_().startswith("<div>")
+
+
+def test_threads_and_isa(isa):
+    ex.set_num_threads(2)
+    assert ex.get_num_threads() == 2
+    a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
+    np.testing.assert_allclose((ex.asarray(a) @ a.T).numpy(), a @ a.T, rtol=1e-4, atol=1e-4)
+    ex.set_num_threads(1)
+    np.testing.assert_allclose((ex.asarray(a) @ a.T).numpy(), a @ a.T, rtol=1e-4, atol=1e-4)
+    ex.set_num_threads(os.cpu_count() or 1)
+    with pytest.raises(ex.ExpressError, match="set_isa"):
+        ex.set_isa("avx512")
+
+
+def test_fallback_forced_by_env():
+    r = subprocess.run([sys.executable, "-c", "import express as ex; print(ex.isa())"],
+                       env={**os.environ, "EXPRESS_ISA": "generic"}, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "generic"
+
+
+def test_save_load(tmp_path):
+    t = {"w": ex.random.normal((3, 4), seed=1), "i": ex.arange(5), "h": ex.ones((2,), ex.float16)}
+    ex.save(tmp_path / "w.safetensors", t)
+    back = ex.load(tmp_path / "w.safetensors")
+    for k in t:
+        np.testing.assert_array_equal(back[k].numpy(), t[k].numpy())
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ex.ModelError, match="bad.safetensors"):
+        ex.load(tmp_path / "bad.safetensors")
+    with pytest.raises(ex.ModelError, match="no such file"):
+        ex.load(tmp_path / "missing.safetensors")
