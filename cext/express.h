@@ -124,3 +124,9 @@ int ex_softmax(const float *x, float *y, int64_t outer, int64_t r, int64_t inner
  * before anything is written. */
 int ex_take(int32_t elem_size, const void *x, int64_t outer, int64_t axis_len, int64_t inner,
             const int64_t *idx, int64_t n_idx, void *y);
+
+/* ---- slice update: dst[o, start + j, i] = src[o, j, i] (in place), contiguous operands ----
+ * `start` is read at run time (a compiled plan's runtime position); EX_EINVAL when
+ * start < 0 or start + src_len > dst_len, before anything is written. */
+int ex_slice_update(int32_t elem_size, void *dst, int64_t outer, int64_t dst_len, int64_t inner,
+                    const void *src, int64_t src_len, const int64_t *start);

@@ -24,7 +24,7 @@ from .ops.elementwise import (abs, add, astype, ceil, clip, cos, divide, equal, 
                               round, sin, sqrt, square, subtract, tanh, where)
 from .ops.linalg import matmul
 from .ops.reduce import argmax, argmin, cumsum, max, mean, min, prod, sum
-from .ops.shape import (broadcast_to, concat, expand_dims, flip, matrix_transpose, permute_dims,
+from .ops.shape import (broadcast_to, concat, expand_dims, flip, matrix_transpose, permute_dims, slice_update,
                         reshape, split, squeeze, stack, take, transpose, tril, triu)
 from .plan import evaluate as _evaluate
 from .tensor import Tensor

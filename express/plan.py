@@ -234,7 +234,12 @@ class Plan:
             else:
                 ins = list(graph.inputs(t, canon))
                 ins = [contiguous(x) if k in t.op.contiguous else x for k, x in enumerate(ins)]
-                as_step(t, "kernel", ins, ins)
+                if t.op.inplace is None:
+                    as_step(t, "kernel", ins, ins)
+                else:  # the output is the target input's buffer, written by the step
+                    target = ins[t.op.inplace]
+                    lay[id(t)], base[id(t)] = lay[id(target)], base[id(target)]
+                    steps.append(("inplace", t, ins, ins))
         for r in self.roots:
             if r._value is not None:
                 leaf(r)
@@ -249,8 +254,9 @@ class Plan:
         self.arena = alloc(self.arena_bytes)
         bufs: dict[int, np.ndarray] = {}
         for kind, out, _, _ in steps:
-            n = _nbytes(out)
-            bufs[id(out)] = alloc(n) if id(out) in own else self.arena[offsets[id(out)]:offsets[id(out)] + n]
+            if kind != "inplace":
+                n = _nbytes(out)
+                bufs[id(out)] = alloc(n) if id(out) in own else self.arena[offsets[id(out)]:offsets[id(out)] + n]
         for t in inputs:
             bufs[id(t)] = alloc(_nbytes(t))
         real: dict[int, np.ndarray] = {}
@@ -271,7 +277,7 @@ class Plan:
 
         self.thunks = []
         for kind, out, reads, payload in steps:
-            out_arr = array_of(out)
+            out_arr = array_of(out) if kind != "inplace" else array_of(payload[out.op.inplace])
             if out_arr.size == 0:
                 continue
             if kind == "group":
@@ -298,7 +304,7 @@ def _allocate(steps, base, last, own, lay):
     layout (so each element is read before it is overwritten)."""
     arena, live, sizes, offsets = _Arena(), {}, {}, {}
     for s, (kind, out, reads, _) in enumerate(steps):
-        if id(out) not in own:
+        if id(out) not in own and kind != "inplace":
             n = _nbytes(out)
             donor = None
             if kind == "group":

@@ -44,12 +44,12 @@ def estrides(a, shape=None):
 DUMMY = np.zeros(16, np.float32)
 
 
-def run(shape, ins, outs, code, kinds, ndim=None):
+def run(shape, ins, outs, code, kinds, ndim=None, raw_shape=None):
     """ins/outs: (array, reg) pairs, inputs broadcast to shape; code: (op, dst, a, b, c, imm0, imm1)
     tuples, missing trailing fields default to -1 / 0.  Returns the status code."""
     p = ffi.new("ex_program *")
     p.ndim = len(shape) if ndim is None else ndim
-    for d, s in enumerate(shape):
+    for d, s in enumerate(shape if raw_shape is None else raw_shape):
         p.shape[d] = s
     keep = [p]
 
@@ -125,6 +125,7 @@ def op(name):
 
 
 @pytest.mark.parametrize("name", list(FOPS))
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_float_ops(name):
     arity, ref, exact = FOPS[name]
     n = 1000
@@ -143,6 +144,7 @@ def test_float_ops(name):
         np.testing.assert_allclose(out, want, rtol=3e-6, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_imm_ops_and_where():
     n = 777
     x, y = fdata(n), fdata(n)
@@ -237,7 +239,8 @@ def test_int_where_wrap_and_i_to_f():
 def sample(dt, n):
     if dt.kind == "f" or dt == BF16:
         v = rng.uniform(-200, 200, n)
-        v[:6] = [0.0, -0.0, 0.5, -1.5, 127.9, -128.0]
+        k = min(n, 6)
+        v[:k] = [0.0, -0.0, 0.5, -1.5, 127.9, -128.0][:k]
         return v.astype(dt)
     if dt == np.bool_:
         return rng.integers(0, 2, n).astype(dt)
@@ -247,6 +250,7 @@ def sample(dt, n):
 
 @pytest.mark.parametrize("kind", [F, I])
 @pytest.mark.parametrize("src", DTYPES, ids=str)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_load_store_conversions(src, kind):
     n = 257
     x = sample(src, n)
@@ -267,6 +271,7 @@ def test_load_store_conversions(src, kind):
 
 
 @pytest.mark.parametrize("half", [np.float16, BF16], ids=["f16", "bf16"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_half_conversions_exhaustive(half):
     bits = np.arange(65536, dtype=np.uint16)
     h = bits.view(half)
@@ -294,9 +299,9 @@ def random_view(shape, dtype=np.float32):
     for d in range(nd):
         big_shape[perm[d]] = shape[d] * 2
     base = sample(np.dtype(dtype), int(np.prod(big_shape))).reshape(big_shape)
-    v = base.transpose(np.argsort(perm)) if nd else base
+    v = base.transpose(perm) if nd else base
     sl = tuple(slice(None, None, -2) if rng.integers(2) else slice(0, None, 2) for _ in range(nd))
-    v = v[sl]
+    v = v[sl] if nd else v
     assert v.shape == tuple(shape)
     return v
 
@@ -307,15 +312,15 @@ def test_broadcast_strides_ndim(nd):
     a = random_view(shape)
     bshape = [s if rng.integers(2) else 1 for s in shape]
     b = random_view(bshape, np.float16)
-    c = np.float32(rng.standard_normal(bshape[::-1] if nd else []))
-    c = np.asarray(c).reshape([1] * 0 + list(bshape))
+    c = np.asarray(rng.standard_normal(bshape), np.float32)
     big = np.zeros([s * 2 for s in shape], np.float32)
-    out = big[tuple(slice(None, None, 2) for _ in shape)]
+    out = big[tuple(slice(None, None, 2) for _ in shape)] if nd else big
     code = [(op("F_MUL"), 3, 0, 1), (op("F_ADD"), 3, 3, 2)]
     assert run(shape, [(a, 0), (b, 1), (c, 2)], [(out, 3)], code, [F, F, F, F]) == 0
     want = a * b.astype(np.float32) + c
     np.testing.assert_array_equal(out, want)
-    assert not big[tuple(slice(1, None, 2) for _ in shape)].any() if nd else True
+    if nd:  # the gaps between the strided output's elements stay untouched
+        assert not big[tuple(slice(1, None, 2) for _ in shape)].any()
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 17, 65, 1000, 100003])
@@ -336,6 +341,7 @@ def test_sizes(n):
     np.testing.assert_array_equal(o2, np.trunc(m * v).astype(np.int32))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_fused_reuse_and_aliasing():
     n = 5000
     x = fdata(n, -2, 2)
@@ -346,7 +352,7 @@ def test_fused_reuse_and_aliasing():
     assert run([n], [(x, 0)], [(x, 0), (e, 1)], code, [F, F]) == 0
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(x, np.exp(x0) * x0, rtol=3e-6, equal_nan=True)
-        np.testing.assert_array_equal(e, np.exp(x0).astype(np.float16))
+        np.testing.assert_allclose(e.astype(np.float32), np.exp(x0), rtol=1e-3, equal_nan=True)
     # output aliases its input, and a later instruction still reads that input
     x = x0.copy()
     y = np.empty(n, np.float32)
@@ -378,8 +384,9 @@ def test_invalid_programs():
     assert run([8], [(x, 0)], [(out, 1)], good, [F, 7]) == lib.EX_EINVAL
     assert run([8], [(x, 0)], [(out, 5)], good, [F, F]) == lib.EX_EINVAL
     assert run([8], [(8, 0)], [(out, 1)], good, [F, F]) == lib.EX_EDTYPE  # dtype code 8
-    assert run([8] * 9, [(x, 0)], [(out, 1)], good, [F, F], ndim=9) == lib.EX_EINVAL
-    assert run([-1], [(x, 0)], [(out, 1)], good, [F, F]) == lib.EX_EINVAL
+    x0, out0 = np.ones((), np.float32), np.empty((), np.float32)
+    assert run([], [(x0, 0)], [(out0, 1)], good, [F, F], ndim=9) == lib.EX_EINVAL
+    assert run([], [(x0, 0)], [(out0, 1)], good, [F, F], ndim=1, raw_shape=[-1]) == lib.EX_EINVAL
     assert lib.ex_elementwise(ffi.NULL) == lib.EX_EINVAL
     p = ffi.new("ex_program *", {"ndim": 1, "shape": [4], "n_in": 1, "n_out": 0})
     assert lib.ex_elementwise(p) == lib.EX_EINVAL  # n_in > 0 with a NULL operand array
@@ -423,7 +430,7 @@ def test_reduce(dt, shape):
                     "ARGMAX": lambda: x.argmax(1), "ARGMIN": lambda: x.argmin(1)}[name]()
         if name in ("SUM", "PROD", "MEAN") and (dt in FLOATS or name == "MEAN"):
             tol = {np.dtype(np.float32): 1e-5}.get(odt, 1e-2)
-            np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol * 1e-2, err_msg=name)
+            np.testing.assert_allclose(y.astype(np.float64), want, rtol=tol, atol=tol * np.abs(wide).sum(1).max() / r, err_msg=name)
         else:
             np.testing.assert_array_equal(y, want.astype(odt), err_msg=name)
 
@@ -601,7 +608,9 @@ def test_softmax(shape, log):
     x[..., 0, :] = 1e30 if shape[1] > 3 else x[..., 0, :]
     wide = x.astype(np.float64)
     e = np.exp(wide - wide.max(1, keepdims=True))
-    want = np.log(e / e.sum(1, keepdims=True)) if log else e / e.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        lse = wide.max(1, keepdims=True) + np.log(e.sum(1, keepdims=True))
+        want = wide - lse if log else e / e.sum(1, keepdims=True)
     y = np.empty(shape, np.float32)
     assert lib.ex_softmax(ffi.cast("float *", ptr(x)), ffi.cast("float *", ptr(y)), *shape, log) == 0
     with np.errstate(invalid="ignore"):

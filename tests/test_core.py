@@ -196,3 +196,22 @@ def test_save_load(tmp_path):
         ex.load(tmp_path / "bad.safetensors")
     with pytest.raises(ex.ModelError, match="no such file"):
         ex.load(tmp_path / "missing.safetensors")
+
+
+def test_slice_update_in_place_and_compiled():
+    cache = ex.zeros((2, 6, 3))
+    ex.eval(cache)
+    ref = np.zeros((2, 6, 3), np.float32)
+    step = ex.compile(lambda new, pos: ex.sum(ex.slice_update(cache, new, pos, axis=1), axis=(0, 2)))
+    for pos in range(6):
+        new = np.full((2, 1, 3), pos + 1, np.float32)
+        ref[:, pos:pos + 1] = new
+        np.testing.assert_array_equal(step(new, np.array(pos)).numpy(), ref.sum(axis=(0, 2)))
+    np.testing.assert_array_equal(cache.numpy(), ref)  # written in place, no copy per step
+    assert len(step.cache) == 1
+    with pytest.raises(ex.OutOfRangeError, match="start 6"):
+        step(np.ones((2, 1, 3), np.float32), np.array(6))
+    with pytest.raises(ex.OutOfRangeError):
+        ex.slice_update(cache, ex.ones((2, 2, 3)), 5, axis=1)
+    with pytest.raises(ex.ExpressError, match="evaluated"):
+        ex.slice_update(ex.zeros((3,)) + 1, ex.ones((1,)), 0)

@@ -140,7 +140,7 @@ typedef struct {
   int64_t *str;                 /* nops * EX_MAX_DIMS coalesced strides */
   int *direct_in;               /* input o may be read in place (f32 into a float register) */
   int *direct_out;              /* per instruction: the output it may write in place, or -1 */
-  int err;
+  _Atomic int err;
 } ew_ctx;
 
 static const ex_operand *ew_op(const ew_ctx *c, int o) {

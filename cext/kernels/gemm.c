@@ -2,7 +2,7 @@
  * Optimized f32 path (Goto/BLIS scheme): B is packed into KC x NR panels, A into MR x KC
  * panels, and an MR x NR register-blocked micro-kernel runs over them with KC/MC/NC cache
  * blocking; 2+ threads take disjoint column (or row) ranges.  The AVX2 micro-kernel keeps the
- * 6x16 tile in 12 ymm accumulators with FMA; the portable one is plain C the compiler vectorizes.
+ * 6x16 tile in 12 ymm accumulators with FMA; the portable one uses GNU vector extensions.
  * m == 1 or n == 1 goes to a GEMV (dot or axpy form, whichever walks memory contiguously). */
 #include "common.h"
 
@@ -79,13 +79,27 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 #undef OUT
 }
 #else
+/* Portable: GNU vector extensions (lowered to whatever SIMD the baseline has, e.g. SSE2), one
+ * 6x8 half of the tile at a time so the 6 accumulators fit in 16 registers. */
+typedef float v8f __attribute__((vector_size(32)));
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
-  float t[MR][NR] = {{0}};
-  for (int64_t p = 0; p < kc; p++, a += MR, b += NR)
-    for (int i = 0; i < MR; i++)
-      for (int j = 0; j < NR; j++) t[i][j] += a[i] * b[j];
-  for (int i = 0; i < MR; i++)
-    for (int j = 0; j < NR; j++) c[i * ldc + j] = acc ? c[i * ldc + j] + t[i][j] : t[i][j];
+  for (int h = 0; h < NR; h += 8) {
+    v8f t[MR] = {{0}};
+    const float *pa = a, *pb = b + h;
+    for (int64_t p = 0; p < kc; p++, pa += MR, pb += NR) {
+      v8f bv;
+      memcpy(&bv, pb, sizeof bv);
+      for (int i = 0; i < MR; i++) t[i] += pa[i] * bv;
+    }
+    for (int i = 0; i < MR; i++) {
+      v8f cv;
+      if (acc) {
+        memcpy(&cv, c + i * ldc + h, sizeof cv);
+        t[i] += cv;
+      }
+      memcpy(c + i * ldc + h, &t[i], sizeof cv);
+    }
+  }
 }
 #endif
 

@@ -26,6 +26,7 @@ class OpDef:
     view: Callable | None = None
     prepare: Callable | None = None
     contiguous: tuple = ()          # inputs a kernel needs C-contiguous (the planner copies)
+    inplace: int | None = None      # a kernel that writes into this input's buffer and returns it
     doc: str = field(default="", repr=False)
 
     def __repr__(self):

@@ -169,7 +169,8 @@ def _slice(start, stop, step):
 
 
 def _index_view(a, key):
-    return a[tuple(_slice(*k[1:]) if k[0] == "s" else k[1] if k[0] == "i" else None for k in key)]
+    # the trailing Ellipsis keeps an all-integer key a 0-d view (never a scalar read)
+    return a[tuple(_slice(*k[1:]) if k[0] == "s" else k[1] if k[0] == "i" else None for k in key) + (Ellipsis,)]
 
 
 _INDEX = defop("index", "view", _index_infer, lambda a, key: np.array(_index_view(a, key)), view=_index_view)
@@ -407,3 +408,70 @@ def tril(x, k=0):
 def triu(x, k=0):
     """The upper triangle of the last two axes (elements below diagonal `k` zeroed)."""
     return _tri("triu", x, k, False)
+
+
+# ---- slice_update: write into an existing buffer (KV caches) ----
+def _slice_update_infer(target, update, start, axis):
+    if update.dtype is not target.dtype:
+        raise DTypeError(f"slice_update: update dtype {update.dtype.name} differs from target {target.dtype.name}")
+    if update.ndim != target.ndim or update.shape[:axis] + update.shape[axis + 1:] != target.shape[:axis] + target.shape[axis + 1:]:
+        raise ShapeError(f"slice_update: update {update.shape} does not fit target {target.shape} along axis {axis}")
+    if update.shape[axis] > target.shape[axis]:
+        raise ShapeError(f"slice_update: update {update.shape} is longer than target {target.shape} on axis {axis}")
+    if not (start.dtype is dt.int64 and start.ndim == 0):
+        raise DTypeError(f"slice_update: start must be a 0-d int64 tensor, got {start.dtype.name} {start.shape}")
+    return target.shape, target.dtype
+
+
+def _slice_update_prepare(out, ins, axis):
+    target, update, start = ins
+    outer = int(np.prod(target.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(target.shape[axis + 1:], dtype=np.int64))
+    args = (target.itemsize, ffi.cast("void *", ptr(target)), outer, target.shape[axis], inner,
+            ffi.cast("void *", ptr(update)), update.shape[axis], ffi.cast("int64_t *", ptr(start)))
+    n, m = target.shape[axis], update.shape[axis]
+
+    def run():
+        if lib.ex_slice_update(*args) != 0:
+            raise OutOfRangeError(f"slice_update: start {int(start)} + length {m} is outside axis {axis} "
+                                  f"of size {n} (target {target.shape})")
+    return run
+
+
+def _slice_update_ref(target, update, start, axis):
+    out = np.array(target)
+    s = int(start)
+    out[(slice(None),) * axis + (slice(s, s + update.shape[axis]),)] = update
+    return out
+
+
+_SLICE_UPDATE = defop("slice_update", "kernel", _slice_update_infer, _slice_update_ref,
+                      prepare=_slice_update_prepare, contiguous=(0, 1, 2), inplace=0)
+
+
+def slice_update(target, update, start, axis=0):
+    """Write `update` into the evaluated tensor `target` at `start` along `axis`, in place, and
+    return a tensor over target's buffer. `start` may be a 0-d int64 tensor computed at run time
+    (a compiled decode step's position), so a preallocated KV cache needs no concat per token.
+
+    >>> import express as ex
+    >>> cache = ex.zeros((4, 2))
+    >>> ex.eval(cache)
+    >>> ex.slice_update(cache, ex.ones((1, 2)), 2).numpy()[:, 0]
+    array([0., 0., 1., 0.], dtype=float32)
+    """
+    target = as_tensor(target)
+    if not target.is_evaluated or not target.numpy().flags.c_contiguous:
+        raise ExpressError("slice_update: the target must be an evaluated, contiguous tensor (a buffer to write into)")
+    axis = norm_axis("slice_update", axis, target.ndim)
+    if not isinstance(start, Tensor):
+        s = operator.index(start)
+        if not 0 <= s <= target.shape[axis] - as_tensor(update).shape[axis]:
+            raise OutOfRangeError(f"slice_update: start {s} + length {as_tensor(update).shape[axis]} is outside "
+                                  f"axis {axis} of size {target.shape[axis]} (target {target.shape})")
+        start = constant(np.array(s, np.int64))
+    update = as_tensor(update)
+    if update.dtype is not target.dtype:
+        from .elementwise import astype
+        update = astype(update, target.dtype)
+    return node(_SLICE_UPDATE, [target, update, start], axis=axis)
