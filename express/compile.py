@@ -11,7 +11,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import graph
-from ._lib import ffi, ptr
+from ._lib import ffi
 from .errors import ExpressError
 from .plan import Plan, evaluate
 from .tensor import Tensor, as_numpy, constant
@@ -53,7 +53,7 @@ class _Compiled:
     def __call__(self, arrays):
         for dst, a in zip(self.plan.input_arrays, arrays):
             if a.flags.c_contiguous and a.dtype == dst.dtype:
-                ffi.memmove(ffi.cast("void *", ptr(dst)), ffi.cast("void *", ptr(a)), a.nbytes)
+                ffi.memmove(dst, a, a.nbytes)
             else:
                 np.copyto(dst, a, casting="unsafe")
         return self.unflatten([constant(np.array(o, copy=True)) for o in self.plan.run()])

@@ -9,8 +9,12 @@ from .tensor import Tensor
 MAX_GROUP = 512  # members of one fused program (registers are reused, so this bounds code size only)
 
 
-def _attrs_key(attrs: dict):
-    return tuple(sorted((k, v if not isinstance(v, list) else tuple(v)) for k, v in attrs.items()))
+def attrs_key(t: Tensor):
+    """The node's attrs as a hashable, order-independent tuple (cached on the node)."""
+    k = t._akey
+    if k is None:
+        k = t._akey = tuple(sorted((n, tuple(v) if isinstance(v, list) else v) for n, v in t.attrs.items()))
+    return k
 
 
 def order(roots) -> tuple[list[Tensor], dict]:
@@ -35,7 +39,7 @@ def order(roots) -> tuple[list[Tensor], dict]:
             if done:
                 ins = tuple(id(canon[id(i)]) for i in t.inputs)
                 try:
-                    key = (t.op.name, ins, _attrs_key(t.attrs))
+                    key = (t.op.name, ins, attrs_key(t))
                     hash(key)
                 except TypeError:
                     key = (id(t),)

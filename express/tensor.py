@@ -6,6 +6,8 @@ so intermediates nobody references are freed.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import dtypes as dt
@@ -13,16 +15,17 @@ from .errors import ExpressError
 
 
 class Tensor:
-    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "_value", "__weakref__")
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "_value", "_akey", "__weakref__")
     __array_priority__ = 1000  # NumPy defers to our operators: np_array + tensor -> Tensor
 
     def __init__(self, op, inputs, attrs, shape, dtype, value=None):
         self.op, self.inputs, self.attrs = op, inputs, attrs
         self.shape, self.dtype, self._value = shape, dtype, value
+        self._akey = None  # hashable form of attrs, made on first use (graph.attrs_key)
 
     # ---- basic properties ----
     ndim = property(lambda self: len(self.shape))
-    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+    size = property(lambda self: math.prod(self.shape))
     T = property(lambda self: _shape.permute_dims(self, tuple(range(self.ndim))[::-1]))
     mT = property(lambda self: _shape.matrix_transpose(self))
 

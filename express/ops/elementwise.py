@@ -20,6 +20,8 @@ from .registry import defop
 
 
 def broadcast_shapes(name: str, *shapes) -> tuple:
+    if all(s == shapes[0] for s in shapes):
+        return tuple(shapes[0])
     nd = builtins.max((len(s) for s in shapes), default=0)
     out = []
     for i in range(-nd, 0):
