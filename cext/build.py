@@ -21,7 +21,8 @@ def _declarations():
     return re.sub(r"//[^\n]*", "", text)
 
 
-KERNELS = ["elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h"]
+KERNELS = ["elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h",
+           "conv.c", "pool.c", "normalize.c", "attention.c"]
 
 
 def make_builder(base):
@@ -32,7 +33,7 @@ def make_builder(base):
     ffi.set_source(
         "express._cext",
         '#include <stddef.h>\n#include <stdint.h>\n#include "express.h"\n',
-        sources=[p("runtime.c"), p("variant_generic.c"), p("variant_avx2.c"), p("kernels", "gather.c")],
+        sources=[p("runtime.c"), p("variant_generic.c"), p("variant_avx2.c"), p("variant_avx512.c"), p("kernels", "gather.c"), p("kernels", "qgemm.c")],
         depends=[p("express.h"), p("internal.h")] + [p("kernels", k) for k in KERNELS],
         include_dirs=[base],
         # C11 without FP contraction, so both variants round exactly as written; no -ffast-math
@@ -51,5 +52,7 @@ if __name__ == "__main__":
     # cffi compiles from inside tmpdir, so give it absolute paths
     so = make_builder(HERE).compile(tmpdir=os.path.join(ROOT, "build", "cffi"), verbose="-q" not in sys.argv)
     dest = os.path.join(ROOT, "express", os.path.basename(so))
-    shutil.copy(so, dest)
+    # copy then rename: overwriting the file in place would corrupt processes that have it loaded
+    shutil.copy(so, dest + ".tmp")
+    os.replace(dest + ".tmp", dest)
     print(dest)

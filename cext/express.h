@@ -14,9 +14,10 @@ enum ex_dtype { EX_F32 = 0, EX_F16 = 1, EX_BF16 = 2, EX_I8 = 3, EX_U8 = 4, EX_I3
 enum ex_err { EX_OK = 0, EX_EINVAL = -1, EX_ENOMEM = -2, EX_EDTYPE = -3, EX_EOPCODE = -4 };
 
 /* ---- runtime: CPU features, threads, aligned memory ---- */
-enum ex_isa { EX_ISA_GENERIC = 0, EX_ISA_AVX2 = 1 };
+enum ex_isa { EX_ISA_GENERIC = 0, EX_ISA_AVX2 = 1, EX_ISA_AVX512 = 2 };
 int  ex_isa(void);                     /* the kernel variant in use */
 int  ex_cpu_has_avx2(void);            /* what the CPU offers (avx2 + fma + f16c) */
+int  ex_cpu_has_avx512(void);          /* avx512 f/bw/vl/dq on top of avx2 + fma + f16c */
 int  ex_set_isa(int isa);              /* force a variant; EX_EINVAL if the CPU lacks it */
 void ex_set_num_threads(int n);        /* n >= 1; the pool grows or shrinks */
 int  ex_get_num_threads(void);
@@ -130,3 +131,79 @@ int ex_take(int32_t elem_size, const void *x, int64_t outer, int64_t axis_len, i
  * start < 0 or start + src_len > dst_len, before anything is written. */
 int ex_slice_update(int32_t elem_size, void *dst, int64_t outer, int64_t dst_len, int64_t inner,
                     const void *src, int64_t src_len, const int64_t *start);
+
+/* ---- fused epilogues and linear layers ----
+ * Activations applied after bias and residual: y = act(acc + bias + residual). */
+enum ex_act { EX_ACT_NONE = 0, EX_ACT_RELU, EX_ACT_RELU6, EX_ACT_SILU, EX_ACT_GELU, EX_ACT_GELU_TANH,
+              EX_ACT_SIGMOID };
+/* y[m, n] = act(x[m, k] @ w[n, k]^T + bias[n] + res[m, n]); x, w, res, y contiguous; w is
+ * EX_F32, EX_F16 or EX_BF16 (widened in the kernel); bias and res may be NULL. */
+int ex_linear(const float *x, const void *w, int32_t w_dtype, const float *bias, const float *res,
+              float *y, int64_t m, int64_t n, int64_t k, int32_t act);
+
+/* ---- convolution (NCHW float32, contiguous) ----
+ * Output size (oh, ow) is given: padding ph/pw is before (top/left); after is implied.
+ * For ex_conv_transpose2d, (c, h, w) describe the input and (oc, oh, ow) the output;
+ * its weight is [c, oc / groups, kh, kw] (PyTorch's layout). */
+enum ex_conv_algo { EX_CONV_AUTO = 0, EX_CONV_GEMM, EX_CONV_DEPTHWISE, EX_CONV_WINOGRAD };
+typedef struct {
+  int64_t n, c, h, w;        /* input */
+  int64_t oc, oh, ow;        /* output */
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  int32_t act;               /* ex_act */
+  int32_t algo;              /* ex_conv_algo; WINOGRAD takes ex_winograd_weights' output as w */
+} ex_conv_params;
+int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+              const float *res, float *y);
+/* F(4x4, 3x3) weights: u[36][oc][ic] from w[oc][ic][3][3] */
+int ex_winograd_weights(const float *w, float *u, int64_t oc, int64_t ic);
+int ex_conv_transpose2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                        float *y);
+
+/* ---- pooling and resizing over nc contiguous float32 planes ---- */
+enum ex_pool { EX_POOL_MAX = 0, EX_POOL_AVG, EX_POOL_AVG_EXCL /* padding not counted */ };
+int ex_pool2d(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+              int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+              int64_t ph, int64_t pw, int64_t dh, int64_t dw);
+int ex_adaptive_pool2d(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+                       int64_t oh, int64_t ow);
+enum ex_resize { EX_RESIZE_NEAREST = 0, EX_RESIZE_BILINEAR };
+/* scale_*: input size / output size (or 1 / scale_factor), used by nearest and by bilinear
+ * without align_corners */
+int ex_resize2d(int32_t mode, int32_t align_corners, const float *x, float *y, int64_t nc,
+                int64_t h, int64_t w, int64_t oh, int64_t ow, float scale_h, float scale_w);
+/* pad the last three dims of a contiguous [outer, in[0], in[1], in[2]] array */
+enum ex_pad_mode { EX_PAD_CONSTANT = 0, EX_PAD_REFLECT, EX_PAD_REPLICATE };
+int ex_pad(int32_t elem_size, int32_t mode, const void *x, void *y, int64_t outer,
+           const int64_t *in_shape, const int64_t *before, const int64_t *after, const void *value);
+
+/* ---- normalization (float32, contiguous; weight/bias may be NULL) ---- */
+int ex_layer_norm(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                  int64_t n, float eps);
+int ex_rms_norm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps);
+/* x [n, c, inner]; groups of c / groups channels; per-channel affine, then act */
+int ex_group_norm(const float *x, const float *w, const float *b, float *y, int64_t n, int64_t c,
+                  int64_t inner, int64_t groups, float eps, int32_t act);
+/* inference batch norm over x [n, c, inner] with running mean/var, then act */
+int ex_batch_norm(const float *x, const float *mean, const float *var, const float *w,
+                  const float *b, float *y, int64_t n, int64_t c, int64_t inner, float eps,
+                  int32_t act);
+
+/* ---- attention: y = softmax(q k^T * scale + mask [+ causal]) v ----
+ * q [b, hq, lq, d], k [b, hk, lk, d], v [b, hk, lk, dv] with element strides (batch, head, row)
+ * and unit stride along the last dim; y contiguous [b, hq, lq, dv]; hq % hk == 0 (GQA);
+ * mask (additive, may be NULL) indexed by strides over (b, hq, lq, lk), 0 broadcasts;
+ * causal: key j is visible to query i when j <= i. */
+int ex_attention(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
+                 const float *v, const int64_t *v_strides, const float *mask,
+                 const int64_t *mask_strides, float *y, int64_t b, int64_t hq, int64_t hk, int64_t lq,
+                 int64_t lk, int64_t d, int64_t dv, float scale, int32_t causal);
+
+/* ---- quantized linear: y[m, n] = x[m, k] @ dequant(W)[n, k]^T (+ bias[n]), all float32 but W ----
+ * bits 8: W int8 [n, k]; bits 4: W uint8 [n, k / 2], per 32 values 16 bytes, byte j = value j
+ * (low nibble) | value j + 16 (high nibble), each stored + 8.  scales float [n, k / group];
+ * w = q * scale; group % 32 == 0 and k % group == 0 (else EX_EINVAL).  bias may be NULL.
+ * m < 8 quantizes x to int8 per 32 values (integer dot products); larger m dequantizes tiles of
+ * W and runs the float32 GEMM.  x and y are contiguous. */
+int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
+             const float *scales, const float *bias, float *y);

@@ -21,11 +21,41 @@ typedef struct {
                 int32_t nbatch_dims, const int64_t *batch_shape,
                 const int64_t *a_bs, const int64_t *b_bs);
   int (*softmax)(const float *x, float *y, int64_t outer, int64_t r, int64_t inner, int32_t log);
+  int (*linear)(const float *x, const void *w, int32_t w_dtype, const float *bias, const float *res,
+                float *y, int64_t m, int64_t n, int64_t k, int32_t act);
+  int (*conv2d)(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                const float *res, float *y);
+  int (*winograd_weights)(const float *w, float *u, int64_t oc, int64_t ic);
+  int (*conv_transpose2d)(const ex_conv_params *p, const float *x, const float *w,
+                          const float *bias, float *y);
+  int (*pool2d)(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+                int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                int64_t ph, int64_t pw, int64_t dh, int64_t dw);
+  int (*adaptive_pool2d)(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+                         int64_t oh, int64_t ow);
+  int (*resize2d)(int32_t mode, int32_t align_corners, const float *x, float *y, int64_t nc,
+                  int64_t h, int64_t w, int64_t oh, int64_t ow, float scale_h, float scale_w);
+  int (*pad)(int32_t elem_size, int32_t mode, const void *x, void *y, int64_t outer,
+             const int64_t *in_shape, const int64_t *before, const int64_t *after, const void *value);
+  int (*layer_norm)(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                    int64_t n, float eps);
+  int (*rms_norm)(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps);
+  int (*group_norm)(const float *x, const float *w, const float *b, float *y, int64_t n, int64_t c,
+                    int64_t inner, int64_t groups, float eps, int32_t act);
+  int (*batch_norm)(const float *x, const float *mean, const float *var, const float *w,
+                    const float *b, float *y, int64_t n, int64_t c, int64_t inner, float eps,
+                    int32_t act);
+  int (*attention)(const float *q, const int64_t *q_strides, const float *k,
+                   const int64_t *k_strides, const float *v, const int64_t *v_strides,
+                   const float *mask, const int64_t *mask_strides, float *y, int64_t b, int64_t hq,
+                   int64_t hk, int64_t lq, int64_t lk, int64_t d, int64_t dv, float scale,
+                   int32_t causal);
 } ex_kernel_table;
 
 extern const ex_kernel_table ex_kernels_generic;
 #if defined(__x86_64__)
 extern const ex_kernel_table ex_kernels_avx2;
+extern const ex_kernel_table ex_kernels_avx512;
 #endif
 
 /* Run fn(ctx, begin, end) over disjoint ranges covering [0, n), each at least `grain` items

@@ -1,8 +1,9 @@
 /* Runtime: CPU feature detection and kernel dispatch, the thread pool, counted aligned memory.
  *
  * Dispatch: every public kernel entry point calls through the table of the selected variant
- * (ex_kernels_avx2 or ex_kernels_generic), chosen at first use from the CPU features and the
- * EXPRESS_ISA environment variable ("generic" forces the portable kernels), or by ex_set_isa.
+ * (ex_kernels_avx512, ex_kernels_avx2 or ex_kernels_generic), chosen at first use from the CPU
+ * features and the EXPRESS_ISA environment variable ("generic" forces the portable kernels,
+ * "avx2" caps the choice at AVX2), or by ex_set_isa.
  *
  * Pool: n - 1 persistent workers plus the calling thread.  A job is published by one 64-bit
  * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
@@ -31,8 +32,20 @@ int ex_cpu_has_avx2(void) {
 #endif
 }
 
+int ex_cpu_has_avx512(void) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return ex_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+#else
+  return 0;
+#endif
+}
+
 static const ex_kernel_table *table_for(int isa) {
 #if defined(__x86_64__)
+  if (isa == EX_ISA_AVX512) return &ex_kernels_avx512;
   if (isa == EX_ISA_AVX2) return &ex_kernels_avx2;
 #endif
   (void)isa;
@@ -42,18 +55,28 @@ static const ex_kernel_table *table_for(int isa) {
 static const ex_kernel_table *K(void) {
   const ex_kernel_table *t = atomic_load_explicit(&g_table, memory_order_acquire);
   if (!t) {
-    const char *e = getenv("EXPRESS_ISA");
-    const int generic = e && strcmp(e, "generic") == 0;
-    t = table_for(!generic && ex_cpu_has_avx2() ? EX_ISA_AVX2 : EX_ISA_GENERIC);
+    const char *e = getenv("EXPRESS_ISA"); /* generic | avx2 | avx512: the most it may use */
+    const int generic = e && strcmp(e, "generic") == 0, avx2 = e && strcmp(e, "avx2") == 0;
+    t = table_for(generic ? EX_ISA_GENERIC
+                  : !avx2 && ex_cpu_has_avx512() ? EX_ISA_AVX512
+                  : ex_cpu_has_avx2() ? EX_ISA_AVX2 : EX_ISA_GENERIC);
     atomic_store_explicit(&g_table, t, memory_order_release);
   }
   return t;
 }
 
-int ex_isa(void) { return K() == &ex_kernels_generic ? EX_ISA_GENERIC : EX_ISA_AVX2; }
+int ex_isa(void) {
+  const ex_kernel_table *t = K();
+#if defined(__x86_64__)
+  if (t == &ex_kernels_avx512) return EX_ISA_AVX512;
+#endif
+  return t == &ex_kernels_generic ? EX_ISA_GENERIC : EX_ISA_AVX2;
+}
 
 int ex_set_isa(int isa) {
-  if (isa != EX_ISA_GENERIC && !(isa == EX_ISA_AVX2 && ex_cpu_has_avx2())) return EX_EINVAL;
+  if (isa != EX_ISA_GENERIC && !(isa == EX_ISA_AVX2 && ex_cpu_has_avx2()) &&
+      !(isa == EX_ISA_AVX512 && ex_cpu_has_avx512()))
+    return EX_EINVAL;
   atomic_store_explicit(&g_table, table_for(isa), memory_order_release);
   return EX_OK;
 }
@@ -86,6 +109,74 @@ int ex_matmul(int32_t dtype, const void *a, int64_t a_rs, int64_t a_cs,
 
 int ex_softmax(const float *x, float *y, int64_t outer, int64_t r, int64_t inner, int32_t log) {
   return K()->softmax(x, y, outer, r, inner, log);
+}
+
+int ex_linear(const float *x, const void *w, int32_t w_dtype, const float *bias, const float *res,
+              float *y, int64_t m, int64_t n, int64_t k, int32_t act) {
+  return K()->linear(x, w, w_dtype, bias, res, y, m, n, k, act);
+}
+
+int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+              const float *res, float *y) {
+  return K()->conv2d(p, x, w, bias, res, y);
+}
+
+int ex_winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
+  return K()->winograd_weights(w, u, oc, ic);
+}
+
+int ex_conv_transpose2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                        float *y) {
+  return K()->conv_transpose2d(p, x, w, bias, y);
+}
+
+int ex_pool2d(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+              int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+              int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+  return K()->pool2d(kind, x, y, nc, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+int ex_adaptive_pool2d(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,
+                       int64_t oh, int64_t ow) {
+  return K()->adaptive_pool2d(kind, x, y, nc, h, w, oh, ow);
+}
+
+int ex_resize2d(int32_t mode, int32_t align_corners, const float *x, float *y, int64_t nc,
+                int64_t h, int64_t w, int64_t oh, int64_t ow, float scale_h, float scale_w) {
+  return K()->resize2d(mode, align_corners, x, y, nc, h, w, oh, ow, scale_h, scale_w);
+}
+
+int ex_pad(int32_t elem_size, int32_t mode, const void *x, void *y, int64_t outer,
+           const int64_t *in_shape, const int64_t *before, const int64_t *after, const void *value) {
+  return K()->pad(elem_size, mode, x, y, outer, in_shape, before, after, value);
+}
+
+int ex_layer_norm(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                  int64_t n, float eps) {
+  return K()->layer_norm(x, w, b, y, rows, n, eps);
+}
+
+int ex_rms_norm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+  return K()->rms_norm(x, w, y, rows, n, eps);
+}
+
+int ex_group_norm(const float *x, const float *w, const float *b, float *y, int64_t n, int64_t c,
+                  int64_t inner, int64_t groups, float eps, int32_t act) {
+  return K()->group_norm(x, w, b, y, n, c, inner, groups, eps, act);
+}
+
+int ex_batch_norm(const float *x, const float *mean, const float *var, const float *w,
+                  const float *b, float *y, int64_t n, int64_t c, int64_t inner, float eps,
+                  int32_t act) {
+  return K()->batch_norm(x, mean, var, w, b, y, n, c, inner, eps, act);
+}
+
+int ex_attention(const float *q, const int64_t *q_strides, const float *k, const int64_t *k_strides,
+                 const float *v, const int64_t *v_strides, const float *mask,
+                 const int64_t *mask_strides, float *y, int64_t b, int64_t hq, int64_t hk, int64_t lq,
+                 int64_t lk, int64_t d, int64_t dv, float scale, int32_t causal) {
+  return K()->attention(q, q_strides, k, k_strides, v, v_strides, mask, mask_strides, y, b, hq, hk,
+                        lq, lk, d, dv, scale, causal);
 }
 
 /* ---- counted aligned memory: a 64-byte header in front of each block holds its size ---- */

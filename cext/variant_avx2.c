@@ -19,8 +19,17 @@
 #include "kernels/reduce.c"
 #include "kernels/gemm.c"
 #include "kernels/norm.c"
+#include "kernels/conv.c"
+#include "kernels/pool.c"
+#include "kernels/normalize.c"
+#include "kernels/attention.c"
 
-const ex_kernel_table ex_kernels_avx2 = {elementwise, copy, reduce, cumsum, matmul, softmax};
+const ex_kernel_table ex_kernels_avx2 = {
+    .elementwise = elementwise, .copy = copy, .reduce = reduce, .cumsum = cumsum,
+    .matmul = matmul, .softmax = softmax, .linear = linear, .conv2d = conv2d, .winograd_weights = winograd_weights,
+    .conv_transpose2d = conv_transpose2d, .pool2d = pool2d, .adaptive_pool2d = adaptive_pool2d,
+    .resize2d = resize2d, .pad = pad, .layer_norm = layer_norm, .rms_norm = rms_norm,
+    .group_norm = group_norm, .batch_norm = batch_norm, .attention = attention};
 #pragma GCC pop_options
 #else
 typedef int ex_no_avx2_variant; /* keep the translation unit non-empty */

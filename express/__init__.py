@@ -6,7 +6,7 @@
 >>> y.shape
 (2, 2)
 >>> ex.eval(y)                              # runs the plan
->>> bool(y.numpy()[0, 0] > 10)
+>>> float(y.numpy()[0, 0]) > 10
 True
 """
 from . import random  # noqa: F401
@@ -28,6 +28,7 @@ from .ops.shape import (broadcast_to, concat, expand_dims, flip, matrix_transpos
                         reshape, split, squeeze, stack, take, transpose, tril, triu)
 from .plan import evaluate as _evaluate
 from .tensor import Tensor
+from .viz import graphviz
 
 __version__ = "0.1.0"
 

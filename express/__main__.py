@@ -37,10 +37,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m express", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("demo", help="run a short self-checking demo")
+    from .cli import add_subcommands, main_with
+    handlers = add_subcommands(sub)
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         return demo()
-    return 2
+    return main_with(args, handlers)
 
 
 if __name__ == "__main__":

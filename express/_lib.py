@@ -36,16 +36,16 @@ def get_num_threads() -> int:
 
 
 def isa() -> str:
-    """The kernel variant in use: 'avx2' or 'generic' (the portable C fallback)."""
-    return "avx2" if lib.ex_isa() == lib.EX_ISA_AVX2 else "generic"
+    """The kernel variant in use: 'avx512', 'avx2' or 'generic' (the portable C fallback)."""
+    return {lib.EX_ISA_AVX512: "avx512", lib.EX_ISA_AVX2: "avx2"}.get(lib.ex_isa(), "generic")
 
 
 def set_isa(name: str) -> None:
-    """Switch kernels: 'avx2' or 'generic'. `EXPRESS_ISA=generic` does it at start-up."""
-    code = {"avx2": lib.EX_ISA_AVX2, "generic": lib.EX_ISA_GENERIC}.get(name)
+    """Switch kernels: 'avx512', 'avx2' or 'generic'. `EXPRESS_ISA=...` caps the choice at start-up."""
+    code = {"avx512": lib.EX_ISA_AVX512, "avx2": lib.EX_ISA_AVX2, "generic": lib.EX_ISA_GENERIC}.get(name)
     if code is None or lib.ex_set_isa(code) != 0:
-        raise ExpressError(f"set_isa: {name!r} is not available on this CPU (have: "
-                           f"{'avx2, ' if lib.ex_cpu_has_avx2() else ''}generic)")
+        have = (["avx512"] if lib.ex_cpu_has_avx512() else []) + (["avx2"] if lib.ex_cpu_has_avx2() else [])
+        raise ExpressError(f"set_isa: {name!r} is not available on this CPU (have: {', '.join(have + ['generic'])})")
 
 
 def memory_stats() -> dict:
@@ -62,5 +62,5 @@ def ptr(a) -> int:
     return a.__array_interface__["data"][0]
 
 
-if os.environ.get("EXPRESS_ISA") not in (None, "", "generic", "avx2"):
-    raise ExpressError(f"EXPRESS_ISA must be 'generic' or 'avx2', got {os.environ['EXPRESS_ISA']!r}")
+if os.environ.get("EXPRESS_ISA") not in (None, "", "generic", "avx2", "avx512"):
+    raise ExpressError(f"EXPRESS_ISA must be 'generic', 'avx2' or 'avx512', got {os.environ['EXPRESS_ISA']!r}")

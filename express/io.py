@@ -21,7 +21,11 @@ def save(path, tensors) -> None:
 
 
 def load(path) -> dict:
-    """Load a safetensors file as a dict of name -> Tensor (weights memory-mapped, not copied)."""
+    """Load a safetensors file as a dict of name -> Tensor (weights memory-mapped, not copied), or an
+    Express model file (`.exm`) as a model with `.run`/`__call__` (see express.exm)."""
+    if os.fspath(path).endswith(".exm"):
+        from .exm import load_model
+        return load_model(path)
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
     path = os.fspath(path)

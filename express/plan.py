@@ -22,6 +22,7 @@ from . import dtypes as dt
 from . import graph
 from ._lib import check, ffi, lib, ptr
 from .errors import ExpressError
+from .fusion import fuse_kernels
 from .ops.elementwise import COPY, _cast_emit
 from .program import F, I, Program, assemble, build
 from .tensor import Tensor
@@ -179,6 +180,7 @@ class Plan:
 
     def __init__(self, roots: list[Tensor], inputs: list[Tensor] = ()):
         nodes, canon = graph.order(roots)
+        nodes = fuse_kernels(nodes, canon, roots)  # kernel epilogues, BN folding, conv algorithms (fusion.py)
         self.roots = [canon[id(r)] for r in roots]
         root_ids = {id(r) for r in self.roots}
         group = graph.fuse(nodes, canon, root_ids)

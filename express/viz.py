@@ -66,7 +66,7 @@ class Graph:
     `.save(path)` (.svg, .html or .dot)."""
 
     def __init__(self, roots):
-        self.roots = [t for t in roots]
+        self.roots = list(roots)
         for t in self.roots:
             if not isinstance(t, Tensor):
                 raise TypeError(f"graphviz: expected Tensors, got {type(t).__name__}")
@@ -117,9 +117,11 @@ class Graph:
         for v in vs:  # vertices are in topological order
             if v.kind in _COLORS:
                 v.layer = max([vs[i].layer + 1 for i in v.inputs if vs[i].kind in _COLORS] + [1])
-        for v in vs:
-            if v.kind not in _COLORS:  # a leaf sits just above its first consumer
-                v.layer = min((vs[c].layer for c in consumers[v.key]), default=1) - 1
+        for v in reversed(vs):  # then as late as possible: side branches sit by their consumer
+            if consumers[v.key]:
+                v.layer = min(vs[c].layer for c in consumers[v.key]) - 1
+            elif v.kind not in _COLORS:
+                v.layer = 0
         # items: vertices and waypoints (w = 0), each with neighbours above and below
         up: dict = {v.key: [] for v in vs}
         down: dict = {v.key: [] for v in vs}

@@ -3,12 +3,13 @@ import pytest
 
 import express as ex
 
-ISAS = ["generic"] + (["avx2"] if ex._lib.lib.ex_cpu_has_avx2() else [])
+ISAS = ["generic"] + (["avx2"] if ex._lib.lib.ex_cpu_has_avx2() else []) + \
+    (["avx512"] if ex._lib.lib.ex_cpu_has_avx512() else [])
 
 
 @pytest.fixture(params=ISAS)
 def isa(request):
-    """Run a test once per kernel variant (the AVX2 path and the portable fallback)."""
+    """Run a test once per kernel variant the CPU supports (AVX-512, AVX2, the portable fallback)."""
     before = ex.isa()
     ex.set_isa(request.param)
     yield request.param

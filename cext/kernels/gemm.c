@@ -1,17 +1,88 @@
-/* ex_matmul.  Reference: the int64 triple loop (matmul_i64) and gemv's strided dot.
+/* ex_matmul and ex_linear.  Reference: the int64 triple loop (matmul_i64) and gemv's strided dot.
  * Optimized f32 path (Goto/BLIS scheme): B is packed into KC x NR panels, A into MR x KC
  * panels, and an MR x NR register-blocked micro-kernel runs over them with KC/MC/NC cache
- * blocking; 2+ threads take disjoint column (or row) ranges.  The AVX2 micro-kernel keeps the
- * 6x16 tile in 12 ymm accumulators with FMA; the portable one uses GNU vector extensions.
- * m == 1 or n == 1 goes to a GEMV (dot or axpy form, whichever walks memory contiguously). */
+ * blocking; 2+ threads take disjoint column (or row) ranges.  The AVX2 micro-kernel keeps a
+ * 6x16 tile in 12 ymm accumulators with FMA, the AVX-512 one a 14x32 tile in 28 zmm; the
+ * portable one uses GNU vector extensions.  B may be f16/bf16 (widened while packing, F16C).
+ * An epilogue (bias per row or column, residual add, activation) is applied to each tile right
+ * after its last K block, while it is still in L1.
+ * Skinny products (m <= 16) against a transposed B (weights stored [n, k], as nn.Linear) skip
+ * packing: a dot-product kernel streams each weight row once for 4 rows of A at a time.
+ * m == 1 or n == 1 with f32 B goes to a GEMV (dot or axpy form, whichever walks memory
+ * contiguously). */
 #include "common.h"
 
+#ifdef EX_AVX512
+#define MR 14
+#define NR 32
+#define KC 384
+#define MC 168
+#else
 #define MR 6
 #define NR 16
 #define KC 256
 #define MC 144
+#endif
 #define NC 4096
 #define ROUND_UP(x, r) (((x) + (r) - 1) / (r) * (r))
+
+/* ---- epilogue ---- */
+typedef struct {
+  const float *bias; /* NULL, or per row (bias_rows) / per column of C */
+  int bias_rows;
+  const float *res;  /* NULL, or a residual laid out like C with row stride res_ld */
+  int64_t res_ld;
+  int act;           /* ex_act */
+} epi_t;
+
+static const epi_t EPI_NONE = {NULL, 0, NULL, 0, EX_ACT_NONE};
+
+static inline float act_f(int act, float v) {
+  switch (act) {
+  case EX_ACT_RELU: return v < 0.0f ? 0.0f : v;
+  case EX_ACT_RELU6: return v < 0.0f ? 0.0f : v > 6.0f ? 6.0f : v;
+  case EX_ACT_SILU: return v / (1.0f + expf(-v));
+  case EX_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  case EX_ACT_GELU_TANH:
+    return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+  case EX_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+  default: return v;
+  }
+}
+
+static void act_row(int act, float *c, int64_t n) {
+  switch (act) {
+  case EX_ACT_NONE: return;
+  case EX_ACT_RELU: for (int64_t j = 0; j < n; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j]; return;
+  case EX_ACT_RELU6:
+    for (int64_t j = 0; j < n; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j] > 6.0f ? 6.0f : c[j];
+    return;
+  default: for (int64_t j = 0; j < n; j++) c[j] = act_f(act, c[j]);
+  }
+}
+
+/* apply the epilogue to C[i0:i0+mr, j0:j0+nr] (c points at C[i0, j0]) */
+static void epi_tile(const epi_t *e, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t mr,
+                     int64_t nr) {
+  if (!e->bias && !e->res && e->act == EX_ACT_NONE) return;
+  for (int64_t i = 0; i < mr; i++) {
+    float *ci = c + i * ldc;
+    if (e->bias) {
+      if (e->bias_rows) {
+        const float bv = e->bias[i0 + i];
+        for (int64_t j = 0; j < nr; j++) ci[j] += bv;
+      } else {
+        const float *bv = e->bias + j0;
+        for (int64_t j = 0; j < nr; j++) ci[j] += bv[j];
+      }
+    }
+    if (e->res) {
+      const float *r = e->res + (i0 + i) * e->res_ld + j0;
+      for (int64_t j = 0; j < nr; j++) ci[j] += r[j];
+    }
+    act_row(e->act, ci, nr);
+  }
+}
 
 /* ap <- A[0:mc, 0:kc] as MR-row panels, each kc columns of MR values (zero padded) */
 static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap) {
@@ -28,26 +99,69 @@ static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t rs, int64_t c
   }
 }
 
-/* bp <- B[0:kc, 0:nc] as NR-column panels, each kc rows of NR values (zero padded) */
-static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t rs, int64_t cs, float *bp) {
+static inline float ld_w(const void *b, int32_t dt, int64_t i) {
+  if (dt == EX_F32) return ((const float *)b)[i];
+  if (dt == EX_F16) return f16_to_f32(((const uint16_t *)b)[i]);
+  return bf16_to_f32(((const uint16_t *)b)[i]);
+}
+
+/* bp <- B[0:kc, 0:nc] as NR-column panels, each kc rows of NR values (zero padded); B of
+ * dtype dt (f32, f16, bf16), element offset of B[0, 0] = off */
+static void pack_b(int64_t kc, int64_t nc, const void *b, int32_t dt, int64_t off, int64_t rs,
+                   int64_t cs, float *bp) {
   for (int64_t j0 = 0; j0 < nc; j0 += NR, bp += kc * NR) {
-    const int64_t nr = EX_MIN(NR, nc - j0);
-    const float *s = b + j0 * cs;
-    if (nr == NR && cs == 1) {
-      for (int64_t p = 0; p < kc; p++)
-        for (int j = 0; j < NR; j++) bp[p * NR + j] = s[p * rs + j];
-    } else if (nr == NR && rs == 1) {
-      for (int j = 0; j < NR; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * NR + j] = s[j * cs + p];
+    const int64_t nr = EX_MIN(NR, nc - j0), o = off + j0 * cs;
+    if (dt == EX_F32) {
+      const float *s = (const float *)b + o;
+      if (nr == NR && cs == 1) {
+        for (int64_t p = 0; p < kc; p++)
+          for (int j = 0; j < NR; j++) bp[p * NR + j] = s[p * rs + j];
+      } else if (nr == NR && rs == 1) {
+        for (int j = 0; j < NR; j++)
+          for (int64_t p = 0; p < kc; p++) bp[p * NR + j] = s[j * cs + p];
+      } else {
+        for (int64_t p = 0; p < kc; p++)
+          for (int j = 0; j < NR; j++) bp[p * NR + j] = j < nr ? s[j * cs + p * rs] : 0.0f;
+      }
+    } else if (nr == NR && cs == 1 && dt == EX_F16) {
+      const uint16_t *s = (const uint16_t *)b + o;
+      for (int64_t p = 0; p < kc; p++) f16_load(bp + p * NR, s + p * rs, 1, NR);
     } else {
       for (int64_t p = 0; p < kc; p++)
-        for (int j = 0; j < NR; j++) bp[p * NR + j] = j < nr ? s[j * cs + p * rs] : 0.0f;
+        for (int j = 0; j < NR; j++) bp[p * NR + j] = j < nr ? ld_w(b, dt, o + j * cs + p * rs) : 0.0f;
     }
   }
 }
 
 /* C[0:MR, 0:NR] (row stride ldc) = or += packed A panel x packed B panel */
-#ifdef EX_AVX2
+#if defined(EX_AVX512)
+static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
+  for (int64_t p = 0; p < kc; p++) {
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
+#pragma GCC unroll 14
+    for (int i = 0; i < MR; i++) {
+      const __m512 av = _mm512_set1_ps(a[i]);
+      c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+    }
+    a += MR;
+    b += NR;
+  }
+#pragma GCC unroll 14
+  for (int i = 0; i < MR; i++) {
+    if (acc) {
+      c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(c + i * ldc));
+      c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(c + i * ldc + 16));
+    }
+    _mm512_storeu_ps(c + i * ldc, c0[i]);
+    _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
+  }
+}
+#elif defined(EX_AVX2)
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -104,28 +218,32 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 #endif
 
 typedef struct {
-  const float *a, *b;
+  const float *a;
+  const void *b;
+  int32_t bdt;
   float *c;
-  int64_t ars, acs, brs, bcs, m, n, k;
+  int64_t ars, acs, brs, bcs, ldc, m, n, k;
+  const epi_t *ep;
   int64_t parts; /* ranges the work was split into */
   int split_n;   /* ranges are of columns (else of rows) */
   _Atomic int err;
 } sg_ctx;
 
-/* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] */
+/* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] (+ epilogue) */
 static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-  const int64_t k = g->k, ldc = g->n;
+  const int64_t k = g->k, ldc = g->ldc;
   const int64_t kmax = EX_MIN(KC, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
                 nmax = EX_MIN(NC, ROUND_UP(j1 - j0, NR));
   float *ap = aligned_alloc(64, (size_t)ROUND_UP(mmax * kmax * 4, 64));
   float *bp = aligned_alloc(64, (size_t)ROUND_UP(nmax * kmax * 4, 64));
   if (!ap || !bp) { free(ap); free(bp); return EX_ENOMEM; }
-  float edge[MR * NR];
+  float edge[MR * NR] __attribute__((aligned(64)));
   for (int64_t jc = j0; jc < j1; jc += NC) {
     const int64_t nc = EX_MIN(NC, j1 - jc);
     for (int64_t pc = 0; pc < k; pc += KC) {
       const int64_t kc = EX_MIN(KC, k - pc);
-      pack_b(kc, nc, g->b + pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
+      const int last = pc + kc >= k;
+      pack_b(kc, nc, g->b, g->bdt, pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
       for (int64_t ic = i0; ic < i1; ic += MC) {
         const int64_t mc = EX_MIN(MC, i1 - ic);
         pack_a(mc, kc, g->a + ic * g->ars + pc * g->acs, g->ars, g->acs, ap);
@@ -143,6 +261,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = pc > 0 ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
             }
+            if (last) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
           }
         }
       }
@@ -210,19 +329,119 @@ static void gemv_task(void *vctx, int64_t j0, int64_t j1) {
   }
 }
 
-static int sgemm(const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs,
-                 int64_t bcs, float *c, int64_t m, int64_t n, int64_t k) {
+/* ---- skinny: C[i, j] = sum_p A[i, p] * W[j, p], A rows and W rows contiguous ---- */
+typedef struct {
+  const float *a;
+  int64_t lda;
+  const void *w;
+  int32_t wdt;
+  int64_t ldw;
+  float *c;
+  int64_t ldc, m, n, k;
+  const epi_t *ep;
+} sk_ctx;
+
+#ifdef EX_AVX2
+static inline __m256 ld8_w(const void *w, int32_t dt, int64_t i) {
+  if (dt == EX_F32) return _mm256_loadu_ps((const float *)w + i);
+  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+  if (dt == EX_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+/* 4 rows of A (ai) against 4 rows of W (starting at element offsets wo), out[i][j] */
+static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo, float out[4][4]) {
+  const int64_t k = g->k;
+  int64_t p = 0;
+#ifdef EX_AVX2
+  __m256 acc[4][4];
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
+  for (; p + 8 <= k; p += 8) {
+    const __m256 w0 = ld8_w(g->w, g->wdt, wo[0] + p), w1 = ld8_w(g->w, g->wdt, wo[1] + p),
+                 w2 = ld8_w(g->w, g->wdt, wo[2] + p), w3 = ld8_w(g->w, g->wdt, wo[3] + p);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+      const __m256 x = _mm256_loadu_ps(ai[i] + p);
+      acc[i][0] = _mm256_fmadd_ps(x, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x, w1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(x, w2, acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(x, w3, acc[i][3]);
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) out[i][j] = hsum8(acc[i][j]);
+#else
+  float acc[4][4][8] = {{{0}}};
+  for (; p + 8 <= k; p += 8)
+    for (int j = 0; j < 4; j++) {
+      float wv[8];
+      for (int l = 0; l < 8; l++) wv[l] = ld_w(g->w, g->wdt, wo[j] + p + l);
+      for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 8; l++) acc[i][j][l] += ai[i][p + l] * wv[l];
+    }
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) {
+      const float *v = acc[i][j];
+      out[i][j] = ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+    }
+#endif
+  for (; p < k; p++)
+    for (int j = 0; j < 4; j++) {
+      const float wv = ld_w(g->w, g->wdt, wo[j] + p);
+      for (int i = 0; i < 4; i++) out[i][j] += ai[i][p] * wv;
+    }
+}
+
+static void skinny_task(void *vctx, int64_t b0, int64_t b1) {
+  const sk_ctx *g = vctx;
+  for (int64_t jb = b0 * 4; jb < EX_MIN(g->n, b1 * 4); jb += 4) {
+    const int64_t nj = EX_MIN(4, g->n - jb);
+    int64_t wo[4];
+    for (int j = 0; j < 4; j++) wo[j] = (jb + EX_MIN(j, nj - 1)) * g->ldw;
+    for (int64_t ib = 0; ib < g->m; ib += 4) {
+      const int64_t ni = EX_MIN(4, g->m - ib);
+      const float *ai[4];
+      for (int i = 0; i < 4; i++) ai[i] = g->a + (ib + EX_MIN(i, ni - 1)) * g->lda;
+      float out[4][4];
+      sk_block(g, ai, wo, out);
+      for (int64_t i = 0; i < ni; i++)
+        for (int64_t j = 0; j < nj; j++) g->c[(ib + i) * g->ldc + jb + j] = out[i][j];
+      epi_tile(g->ep, g->c + ib * g->ldc + jb, g->ldc, ib, jb, ni, nj);
+    }
+  }
+}
+
+/* C (row stride ldc) = A @ B (+ epilogue); B of dtype bdt (f32/f16/bf16) */
+static int sgemm_ep(const float *a, int64_t ars, int64_t acs, const void *b, int32_t bdt,
+                    int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t m, int64_t n,
+                    int64_t k, const epi_t *ep) {
   if (k == 0) {
-    memset(c, 0, (size_t)(m * n) * sizeof(float));
+    for (int64_t i = 0; i < m; i++) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < m; i++) epi_tile(ep, c + i * ldc, ldc, i, 0, 1, n);
     return EX_OK;
   }
-  if (m == 1 || n == 1) {
+  if (m <= 16 && acs == 1 && brs == 1) {
+    sk_ctx g = {a, ars, b, bdt, bcs, c, ldc, m, n, k, ep};
+    const int64_t nb = (n + 3) / 4;
+    ex_parallel_for(nb, EX_MAX(1, 16384 / (k * EX_MIN(m, 4))), skinny_task, &g);
+    return EX_OK;
+  }
+  if (bdt == EX_F32 && (m == 1 || n == 1) && ldc == n) {
     gv_ctx g = m == 1 ? (gv_ctx){c, b, a, bcs, brs, acs, k} : (gv_ctx){c, a, b, ars, acs, brs, k};
     const int64_t nout = m == 1 ? n : m;
     ex_parallel_for(nout, EX_MAX(16, 65536 / k), gemv_task, &g);
+    epi_tile(ep, c, ldc, 0, 0, m, n);
     return EX_OK;
   }
-  sg_ctx g = {a, b, c, ars, acs, brs, bcs, m, n, k, 1, 1, 0};
+  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, 1, 1, 0};
   const int nt = ex_pool_width();
   if (nt > 1 && (double)m * n * k >= 262144.0) {
     const int64_t nb = (n + NR - 1) / NR, mb = (m + MR - 1) / MR;
@@ -232,6 +451,11 @@ static int sgemm(const float *a, int64_t ars, int64_t acs, const float *b, int64
     return g.err;
   }
   return sgemm_range(&g, 0, m, 0, n);
+}
+
+static int sgemm(const float *a, int64_t ars, int64_t acs, const float *b, int64_t brs,
+                 int64_t bcs, float *c, int64_t m, int64_t n, int64_t k) {
+  return sgemm_ep(a, ars, acs, b, EX_F32, brs, bcs, c, n, m, n, k, &EPI_NONE);
 }
 
 static void matmul_i64(const int64_t *a, int64_t ars, int64_t acs, const int64_t *b, int64_t brs,
@@ -302,4 +526,17 @@ static int matmul(int32_t dtype, const void *a, int64_t a_rs, int64_t a_cs,
   if (nb > 1 && flops < 2097152.0) ex_parallel_for(nb, (int64_t)(262144.0 / flops) + 1, mm_batches, &g);
   else mm_batches(&g, 0, nb);
   return g.err;
+}
+
+static int act_ok(int32_t act) { return act >= EX_ACT_NONE && act <= EX_ACT_SIGMOID; }
+
+/* y[m, n] = act(x[m, k] @ w[n, k]^T + bias + res) */
+static int linear(const float *x, const void *w, int32_t w_dtype, const float *bias,
+                  const float *res, float *y, int64_t m, int64_t n, int64_t k, int32_t act) {
+  if (w_dtype != EX_F32 && w_dtype != EX_F16 && w_dtype != EX_BF16) return EX_EDTYPE;
+  if (m < 0 || n < 0 || k < 0 || !act_ok(act)) return EX_EINVAL;
+  if (m * n == 0) return EX_OK;
+  if (!y || (k > 0 && (!x || !w))) return EX_EINVAL;
+  const epi_t ep = {bias, 0, res, n, act};
+  return sgemm_ep(x, k, 1, w, w_dtype, 1, k, y, n, m, n, k, &ep);
 }

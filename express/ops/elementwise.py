@@ -38,6 +38,17 @@ def _operands(*xs):
     return [as_tensor(x, like) for x in xs]
 
 
+def _public(op, arity, doc):
+    """The user-facing function of an elementwise op: operands to tensors, then one node."""
+    def fn(*xs):
+        if len(xs) != arity:
+            raise TypeError(f"{op.name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(xs)}")
+        return node(op, _operands(*xs))
+    fn.__name__ = fn.__qualname__ = op.name
+    fn.__doc__ = doc
+    return fn
+
+
 def _no_bool(name, *ts):
     """Arithmetic needs a number: bool mixes with numbers (as 0/1) but not with itself."""
     if all(t.dtype.is_bool for t in ts):
@@ -90,12 +101,7 @@ def _arith_emit(fop, iop):
 def _binary(name, fop, iop, np_fn, allow_bool=False, true_div=False):
     op = defop(name, "elementwise", _arith_infer(name, allow_bool, true_div),
                lambda a, b: np_fn(a, b), emit=_arith_emit(fop, iop))
-
-    def fn(x1, x2):
-        return node(op, _operands(x1, x2))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise `{name}` with NumPy broadcasting (see `numpy.{np_fn.__name__}`)."
-    return fn
+    return _public(op, 2, f"Elementwise `{name}` with NumPy broadcasting (see `numpy.{np_fn.__name__}`).")
 
 
 add = _binary("add", lib.EX_OP_F_ADD, lib.EX_OP_I_ADD, np.add)
@@ -116,12 +122,7 @@ def _compare(name, fop, iop, np_fn):
             return p.op(fop, I, *(p.as_float(r) for r in regs))
         return p.op(iop, I, *regs)
     op = defop(name, "elementwise", infer, lambda a, b: np_fn(a, b), emit=emit)
-
-    def fn(x1, x2):
-        return node(op, _operands(x1, x2))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise `{name}` (a bool tensor), with broadcasting."
-    return fn
+    return _public(op, 2, f"Elementwise `{name}` (a bool tensor), with broadcasting.")
 
 
 equal = _compare("equal", lib.EX_OP_F_EQ, lib.EX_OP_I_EQ, np.equal)
@@ -140,24 +141,15 @@ def _logical(name, iop, np_fn):
         a, b = (r if p.kinds[r] == I else p.as_truth(r) for r in regs)
         return p.op(iop, I, a, b)
     op = defop(name, "elementwise", infer, lambda a, b: np_fn(a, b), emit=emit)
-
-    def fn(x1, x2):
-        return node(op, _operands(x1, x2))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise `{name}`: operands count as true where nonzero."
-    return fn
+    return _public(op, 2, f"Elementwise `{name}`: operands count as true where nonzero.")
 
 
 logical_and = _logical("logical_and", lib.EX_OP_I_AND, np.logical_and)
 logical_or = _logical("logical_or", lib.EX_OP_I_OR, np.logical_or)
 
-_LOGICAL_NOT = defop("logical_not", "elementwise", lambda a: (a.shape, dt.bool_), np.logical_not,
-                     emit=lambda p, regs, ins, out: p.op(lib.EX_OP_I_NOT, I, p.as_truth(regs[0])))
-
-
-def logical_not(x):
-    """Elementwise logical not (a bool tensor)."""
-    return node(_LOGICAL_NOT, _operands(x))
+logical_not = _public(defop("logical_not", "elementwise", lambda a: (a.shape, dt.bool_), np.logical_not,
+                            emit=lambda p, regs, ins, out: p.op(lib.EX_OP_I_NOT, I, p.as_truth(regs[0]))),
+                      1, "Elementwise logical not (a bool tensor).")
 
 
 # ---- unary ops ----
@@ -177,13 +169,7 @@ def _unary(name, np_fn, fop, iop=None, float_only=False, int_identity=False, no_
         if int_identity:
             return r
         return _wrap(p, p.op(iop, I, r), out)
-    op = defop(name, "elementwise", infer, np_fn, emit=emit)
-
-    def fn(x):
-        return node(op, _operands(x))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise `{name}`."
-    return fn
+    return _public(defop(name, "elementwise", infer, np_fn, emit=emit), 1, f"Elementwise `{name}`.")
 
 
 abs = _unary("abs", np.abs, lib.EX_OP_F_ABS, lib.EX_OP_I_ABS, no_bool=True)
@@ -235,13 +221,8 @@ def _square_emit(p, regs, in_dtypes, out):
     return _wrap(p, p.op(lib.EX_OP_I_MUL, I, r, r), out)
 
 
-_SQUARE = defop("square", "elementwise", lambda a: (_no_bool("square", a), (a.shape, a.dtype))[1],
-                np.square, emit=_square_emit)
-
-
-def square(x):
-    """Elementwise `x * x`."""
-    return node(_SQUARE, _operands(x))
+square = _public(defop("square", "elementwise", lambda a: (_no_bool("square", a), (a.shape, a.dtype))[1],
+                       np.square, emit=_square_emit), 1, "Elementwise `x * x`.")
 
 
 # ---- casts, copies, where, clip ----

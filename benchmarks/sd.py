@@ -1,0 +1,215 @@
+"""Stable Diffusion 1.5 shapes on Express against diffusers + PyTorch (CPU, fp32), in one run:
+the UNet step at 512x512 with classifier-free guidance (batch 2) and at 256x256, the VAE decode
+of a 512x512 image, the CLIP text encoder; seconds per call (median) and peak RSS. Random
+weights with the exact SD 1.5 configs (nothing is downloaded).
+
+    python benchmarks/sd.py [--threads 2] [--repeat 3] [--skip-torch] [--generate-rss]
+
+Targets: UNet step >= 1.5x faster than diffusers + torch at 2 threads; peak RSS of a full
+512x512 generation with fp16 weights (`--generate-rss`, a fresh process) under 4 GB."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import express as ex
+
+UNET = {"act_fn": "silu", "attention_head_dim": 8, "block_out_channels": [320, 640, 1280, 1280],
+        "center_input_sample": False, "cross_attention_dim": 768,
+        "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+        "downsample_padding": 1, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": 4, "layers_per_block": 2,
+        "mid_block_scale_factor": 1, "norm_eps": 1e-05, "norm_num_groups": 32, "out_channels": 4, "sample_size": 64,
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]}
+VAE = {"act_fn": "silu", "block_out_channels": [128, 256, 512, 512],
+       "down_block_types": ["DownEncoderBlock2D"] * 4, "in_channels": 3, "latent_channels": 4, "layers_per_block": 2,
+       "norm_num_groups": 32, "out_channels": 3, "sample_size": 512, "scaling_factor": 0.18215,
+       "up_block_types": ["UpDecoderBlock2D"] * 4}
+TEXT = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "max_position_embeddings": 77, "vocab_size": 49408, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+        "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1, "projection_dim": 768}
+SCHEDULER = {"_class_name": "PNDMScheduler", "beta_end": 0.012, "beta_schedule": "scaled_linear",
+             "beta_start": 0.00085, "num_train_timesteps": 1000, "set_alpha_to_one": False, "skip_prk_steps": True,
+             "steps_offset": 1, "trained_betas": None, "clip_sample": False}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timeit(fn, repeat):
+    fn()  # warm-up (traces / allocates)
+    runs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t)
+    return statistics.median(runs)
+
+
+def random_state(shapes: dict, seed: int, dtype=np.float32) -> dict:
+    """Random weights for every parameter: norms near 1, the rest small (std 0.02)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, shape in shapes.items():
+        a = rng.standard_normal(shape, dtype=np.float32) * 0.02
+        if "norm" in k and k.endswith("weight"):
+            a += 1
+        out[k] = a.astype(dtype)
+    return out
+
+
+def our_models():
+    from diffusion.models import AutoencoderKL, CLIPTextModel, UNet2DConditionModel
+    return CLIPTextModel(TEXT), UNet2DConditionModel(UNET), AutoencoderKL(VAE)
+
+
+def bench(args):
+    import express.nn.functional as F  # noqa: F401
+    ex.set_num_threads(args.threads)
+    te, unet, vae = our_models()
+    rows = []
+    torch_models = None
+    if not args.skip_torch:
+        import diffusers
+        import torch
+        import transformers
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        t_unet = diffusers.UNet2DConditionModel(**UNET).eval()
+        t_vae = diffusers.AutoencoderKL(**VAE).eval()
+        t_te = transformers.CLIPTextModel(transformers.CLIPTextConfig(**TEXT)).eval()
+        torch_models = t_te, t_unet, t_vae
+        for ours, theirs in zip((te, unet, vae), torch_models):  # the same weights in both
+            sd = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+            ours.load_weights(ours.sanitize(sd) if hasattr(ours, "sanitize") else sd)
+    else:
+        for m, seed in ((te, 0), (unet, 1), (vae, 2)):
+            m.load_weights(random_state({k: v.shape for k, v in m.named_parameters().items()}, seed))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 49000, (2, 77))
+    ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
+    step = ex.compile(lambda x, tf, c: unet(x, None, c, t_features=tf))
+    cases = [("UNet step 512x512, CFG batch 2", (2, 4, 64, 64)), ("UNet step 256x256, CFG batch 2", (2, 4, 32, 32))]
+    for name, shape in cases:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        tf = unet.time_features(500, shape[0])
+        ours_s = timeit(lambda: step(x, tf, ctx).numpy(), args.repeat)
+        theirs_s = None
+        if torch_models:
+            import torch
+            with torch.no_grad():
+                xt, ct = torch.from_numpy(x), torch.from_numpy(ctx)
+                theirs_s = timeit(lambda: torch_models[1](xt, 500, ct).sample, args.repeat)
+        rows.append((name, ours_s, theirs_s))
+    z = rng.standard_normal((1, 4, 64, 64), dtype=np.float32)
+    dec = ex.compile(lambda z: vae.decode(z))
+    theirs_s = None
+    if torch_models:
+        import torch
+        with torch.no_grad():
+            zt = torch.from_numpy(z)
+            theirs_s = timeit(lambda: torch_models[2].decode(zt).sample, max(1, args.repeat - 1))
+    rows.append(("VAE decode 512x512", timeit(lambda: dec(z).numpy(), max(1, args.repeat - 1)), theirs_s))
+    enc = ex.compile(lambda i: te(i))
+    theirs_s = None
+    if torch_models:
+        import torch
+        with torch.no_grad():
+            it = torch.from_numpy(ids)
+            theirs_s = timeit(lambda: torch_models[0](it).last_hidden_state, args.repeat)
+    rows.append(("CLIP text encoder, 2 x 77 tokens", timeit(lambda: enc(ids).numpy(), args.repeat), theirs_s))
+
+    print(f"\nStable Diffusion 1.5 shapes, {args.threads} threads, fp32 weights (random), median of {args.repeat}")
+    print(f"{'':36s} {'express s':>10s} {'torch s':>10s} {'speedup':>8s}")
+    for name, a, b in rows:
+        print(f"{name:36s} {a:10.3f} {b if b is not None else float('nan'):10.3f} "
+              f"{(b / a) if b else float('nan'):7.2f}x")
+    print(f"peak RSS of this process (both engines' weights): {peak_rss_mb():.0f} MB")
+
+
+def write_folder(root):
+    """A diffusers folder with SD 1.5 shapes, random fp16 weights and a byte-level vocabulary."""
+    from safetensors.numpy import save_file
+    te, unet, vae = our_models()
+    for name, m, cfg, file, seed in (("text_encoder", te, TEXT, "model.fp16.safetensors", 0),
+                                     ("unet", unet, UNET, "diffusion_pytorch_model.fp16.safetensors", 1),
+                                     ("vae", vae, VAE, "diffusion_pytorch_model.fp16.safetensors", 2)):
+        os.makedirs(os.path.join(root, name))
+        with open(os.path.join(root, name, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        shapes = {k: v.shape for k, v in m.named_parameters().items()}
+        save_file(random_state(shapes, seed, np.float16), os.path.join(root, name, file))
+        del m
+    os.makedirs(os.path.join(root, "scheduler"))
+    with open(os.path.join(root, "scheduler", "scheduler_config.json"), "w") as f:
+        json.dump(SCHEDULER, f)
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs = bs[:] + [256 + i for i in range(256 - len(bs))]
+    bs += [b for b in range(256) if b not in bs]
+    chars = [chr(c) for c in cs]
+    vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
+    os.makedirs(os.path.join(root, "tokenizer"))
+    with open(os.path.join(root, "tokenizer", "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(root, "tokenizer", "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n")
+    with open(os.path.join(root, "model_index.json"), "w") as f:
+        json.dump({"_class_name": "StableDiffusionPipeline", "scheduler": ["diffusers", "PNDMScheduler"]}, f)
+
+
+def generate_rss(args):
+    """In a fresh process: load fp16 weights, generate one 512x512 image; report time and peak RSS."""
+    if args.child:
+        import diffusion
+        ex.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        pipe = diffusion.StableDiffusionPipeline.from_pretrained(args.child, dtype="float16")
+        t1 = time.perf_counter()
+        rss_loaded = peak_rss_mb()
+        pipe("a photo of an astronaut riding a horse", height=512, width=512, num_inference_steps=args.steps,
+             seed=0, progress=False)
+        t2 = time.perf_counter()
+        print(json.dumps({"load_s": t1 - t0, "generate_s": t2 - t1, "rss_loaded_mb": rss_loaded,
+                          "peak_rss_mb": peak_rss_mb(), "steps": args.steps}))
+        return
+    with tempfile.TemporaryDirectory() as root:
+        write_folder(root)
+        r = subprocess.run([sys.executable, __file__, "--generate-rss", "--child", root, "--steps", str(args.steps),
+                            "--threads", str(args.threads)], capture_output=True, text=True)
+        if r.returncode:
+            print(r.stdout, r.stderr)
+            raise SystemExit(r.returncode)
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"\nFull 512x512 generation, fp16 weights, CFG, {res['steps']} steps, {args.threads} threads (fresh process)")
+    print(f"  load {res['load_s']:.1f} s, generate {res['generate_s']:.1f} s "
+          f"({res['generate_s'] / res['steps']:.1f} s/step incl. text encoder and VAE decode)")
+    print(f"  peak RSS after load {res['rss_loaded_mb']:.0f} MB, peak RSS overall {res['peak_rss_mb']:.0f} MB "
+          f"(target < 4096 MB)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2, help="steps of the --generate-rss run")
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--generate-rss", action="store_true", help="only the full-generation memory run")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.generate_rss:
+        generate_rss(args)
+    else:
+        bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+/* ex_conv2d, ex_winograd_weights, ex_conv_transpose2d: NCHW float32 convolution.
+ * Reference: the definition (sum over input channels and taps, zero padding) — the im2col path
+ * is exactly that, written as a GEMM.
+ * Algorithms (chosen by the caller, EX_CONV_AUTO picks depthwise or GEMM):
+ *   GEMM       per image and group: W[oc, c*kh*kw] @ col[c*kh*kw, oh*ow] with the packed sgemm
+ *              and its fused epilogue; a 1x1 stride-1 unpadded conv reads x itself as col.
+ *   DEPTHWISE  groups == c == oc: a zero-padded copy of each plane, then per output row an
+ *              accumulation over the taps (unit-stride inner loop vectorizes for stride 1).
+ *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
+ *              (ex_winograd_weights); tiles in blocks of up to WT (input transform vectorized
+ *              across 8 tiles), 36 GEMMs per block, output transform + epilogue.  Blocks run on
+ *              the pool (each block single-threaded), or one block uses the pool in its GEMMs. */
+#include "common.h"
+
+typedef float cv8 __attribute__((vector_size(32)));
+
+static int conv_check(const ex_conv_params *p) {
+  if (!p) return EX_EINVAL;
+  if (p->n < 0 || p->c < 1 || p->h < 0 || p->w < 0 || p->oc < 1 || p->oh < 0 || p->ow < 0 ||
+      p->kh < 1 || p->kw < 1 || p->sh < 1 || p->sw < 1 || p->ph < 0 || p->pw < 0 || p->dh < 1 ||
+      p->dw < 1 || p->groups < 1 || p->c % p->groups || p->oc % p->groups || !act_ok(p->act))
+    return EX_EINVAL;
+  return EX_OK;
+}
+
+/* ---- im2col + GEMM ---- */
+typedef struct {
+  const ex_conv_params *p;
+  const float *x; /* the group's first input channel */
+  float *col;
+} i2c_ctx;
+
+static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
+  const i2c_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t kk = p->kh * p->kw, N = p->oh * p->ow;
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t ci = r / kk, i = r % kk / p->kw, j = r % p->kw;
+    const float *xc = g->x + ci * p->h * p->w;
+    float *dst = g->col + r * N;
+    /* ox range whose input column is inside [0, w) */
+    const int64_t off = j * p->dw - p->pw;
+    int64_t lo = off < 0 ? (-off + p->sw - 1) / p->sw : 0;
+    int64_t hi = p->w - off <= 0 ? 0 : (p->w - off - 1) / p->sw + 1;
+    lo = EX_MIN(lo, p->ow);
+    hi = EX_MAX(EX_MIN(hi, p->ow), lo);
+    for (int64_t oy = 0; oy < p->oh; oy++, dst += p->ow) {
+      const int64_t iy = oy * p->sh - p->ph + i * p->dh;
+      if (iy < 0 || iy >= p->h) {
+        memset(dst, 0, (size_t)p->ow * sizeof(float));
+        continue;
+      }
+      const float *src = xc + iy * p->w + off;
+      for (int64_t ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
+      if (p->sw == 1) memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+      else for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
+      for (int64_t ox = hi; ox < p->ow; ox++) dst[ox] = 0.0f;
+    }
+  }
+}
+
+static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                     const float *res, float *y) {
+  const int64_t G = p->groups, cg = p->c / G, ocg = p->oc / G, K = cg * p->kh * p->kw,
+                N = p->oh * p->ow;
+  const int direct = p->kh == 1 && p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 &&
+                     p->pw == 0 && p->oh == p->h && p->ow == p->w;
+  float *col = direct ? NULL : malloc((size_t)(K * N) * sizeof(float));
+  if (!direct && !col) return EX_ENOMEM;
+  int err = EX_OK;
+  for (int64_t b = 0; b < p->n && !err; b++)
+    for (int64_t g = 0; g < G && !err; g++) {
+      const float *xg = x + (b * p->c + g * cg) * p->h * p->w;
+      const float *B = xg;
+      if (!direct) {
+        i2c_ctx ic = {p, xg, col};
+        ex_parallel_for(K, EX_MAX(1, 16384 / EX_MAX(N, 1)), im2col_task, &ic);
+        B = col;
+      }
+      const int64_t yo = (b * p->oc + g * ocg) * N;
+      const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo : NULL, N, p->act};
+      err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, N, 1, y + yo, N, ocg, N, K, &ep);
+    }
+  free(col);
+  return err;
+}
+
+/* ---- depthwise ---- */
+typedef struct {
+  const ex_conv_params *p;
+  const float *x, *w, *bias, *res;
+  float *y;
+  _Atomic int err;
+} dw_ctx;
+
+static void dw_task(void *vctx, int64_t q0, int64_t q1) {
+  dw_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t PH = (p->oh - 1) * p->sh + (p->kh - 1) * p->dh + 1,
+                PW = (p->ow - 1) * p->sw + (p->kw - 1) * p->dw + 1;
+  float *pad = malloc((size_t)(PH * PW + p->ow) * sizeof(float));
+  if (!pad) { g->err = EX_ENOMEM; return; }
+  float *acc = pad + PH * PW;
+  for (int64_t q = q0; q < q1; q++) { /* plane (image, channel) */
+    const int64_t ch = q % p->c;
+    const float *xc = g->x + q * p->h * p->w, *wc = g->w + ch * p->kh * p->kw;
+    for (int64_t r = 0; r < PH; r++) {
+      const int64_t iy = r - p->ph;
+      float *d = pad + r * PW;
+      if (iy < 0 || iy >= p->h) { memset(d, 0, (size_t)PW * sizeof(float)); continue; }
+      const int64_t lo = EX_MIN(p->pw, PW), hi = EX_MIN(PW, p->pw + p->w);
+      for (int64_t c = 0; c < lo; c++) d[c] = 0.0f;
+      if (hi > lo) memcpy(d + lo, xc + iy * p->w, (size_t)(hi - lo) * sizeof(float));
+      for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = 0.0f;
+    }
+    const float bv = g->bias ? g->bias[ch] : 0.0f;
+    for (int64_t oy = 0; oy < p->oh; oy++) {
+      for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] = bv;
+      for (int64_t i = 0; i < p->kh; i++) {
+        const float *row = pad + (oy * p->sh + i * p->dh) * PW;
+        for (int64_t j = 0; j < p->kw; j++) {
+          const float wv = wc[i * p->kw + j], *s = row + j * p->dw;
+          if (p->sw == 1)
+            for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += wv * s[ox];
+          else if (p->sw == 2)
+            for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += wv * s[2 * ox];
+          else
+            for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += wv * s[ox * p->sw];
+        }
+      }
+      float *yr = g->y + (q * p->oh + oy) * p->ow;
+      if (g->res) {
+        const float *rr = g->res + (q * p->oh + oy) * p->ow;
+        for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += rr[ox];
+      }
+      act_row(p->act, acc, p->ow);
+      memcpy(yr, acc, (size_t)p->ow * sizeof(float));
+    }
+  }
+  free(pad);
+}
+
+static int conv_depthwise(const ex_conv_params *p, const float *x, const float *w,
+                          const float *bias, const float *res, float *y) {
+  dw_ctx g = {p, x, w, bias, res, y, 0};
+  const int64_t per = p->oh * p->ow * p->kh * p->kw;
+  ex_parallel_for(p->n * p->c, EX_MAX(1, 32768 / EX_MAX(per, 1)), dw_task, &g);
+  return g.err;
+}
+
+/* ---- Winograd F(4x4, 3x3) ---- */
+#define WT 128 /* tiles per block (a multiple of 8) */
+
+/* U[36][oc][ic] = G g G^T for every 3x3 kernel g = w[o][i] */
+static int winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
+  if (!w || !u || oc < 1 || ic < 1) return EX_EINVAL;
+  static const float G[6][3] = {{1.0f / 4, 0, 0},
+                                {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+                                {-1.0f / 6, 1.0f / 6, -1.0f / 6},
+                                {1.0f / 24, 1.0f / 12, 1.0f / 6},
+                                {1.0f / 24, -1.0f / 12, 1.0f / 6},
+                                {0, 0, 1}};
+  for (int64_t o = 0; o < oc; o++)
+    for (int64_t i = 0; i < ic; i++) {
+      const float *g = w + (o * ic + i) * 9;
+      double t[6][3], r[6][6];
+      for (int a = 0; a < 6; a++)
+        for (int c = 0; c < 3; c++)
+          t[a][c] = (double)G[a][0] * g[c] + (double)G[a][1] * g[3 + c] + (double)G[a][2] * g[6 + c];
+      for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+          r[a][b] = t[a][0] * G[b][0] + t[a][1] * G[b][1] + t[a][2] * G[b][2];
+      for (int x = 0; x < 36; x++) u[(x * oc + o) * ic + i] = (float)r[x / 6][x % 6];
+    }
+  return EX_OK;
+}
+
+/* 1-D input transform B^T d of 6 values */
+#define WG_BT(d0, d1, d2, d3, d4, d5, o)          \
+  do {                                            \
+    o[0] = 4 * d0 - 5 * d2 + d4;                  \
+    o[1] = -4 * (d1 + d2) + d3 + d4;              \
+    o[2] = 4 * (d1 - d2) - d3 + d4;               \
+    o[3] = 2 * (d3 - d1) - d2 + d4;               \
+    o[4] = 2 * (d1 - d3) - d2 + d4;               \
+    o[5] = 4 * d1 - 5 * d3 + d5;                  \
+  } while (0)
+/* 1-D output transform A^T m of 6 values */
+#define WG_AT(m0, m1, m2, m3, m4, m5, o)          \
+  do {                                            \
+    o[0] = m0 + (m1 + m2) + (m3 + m4);            \
+    o[1] = (m1 - m2) + 2 * (m3 - m4);             \
+    o[2] = (m1 + m2) + 4 * (m3 + m4);             \
+    o[3] = (m1 - m2) + 8 * (m3 - m4) + m5;        \
+  } while (0)
+
+typedef struct {
+  const ex_conv_params *p;
+  const float *x, *u, *bias, *res;
+  float *y;
+  int64_t tw, th, T, total, tb, tbp; /* tiles per row/column/image, all tiles, tiles per block */
+  _Atomic int err;
+} wg_ctx;
+
+static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
+  const ex_conv_params *p = g->p;
+  const int64_t C = p->c, O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp;
+  const int64_t HW = p->h * p->w, OHW = p->oh * p->ow;
+  /* input transform: V[36][C][S] */
+  for (int64_t j = 0; j < nt; j += 8) {
+    int64_t ib[8], iy0[8], ix0[8];
+    int inside[8];
+    for (int l = 0; l < 8; l++) {
+      const int64_t t = t0 + EX_MIN(j + l, nt - 1), tt = t % g->T;
+      ib[l] = t / g->T;
+      iy0[l] = tt / g->tw * 4 - p->ph;
+      ix0[l] = tt % g->tw * 4 - p->pw;
+      inside[l] = iy0[l] >= 0 && ix0[l] >= 0 && iy0[l] + 6 <= p->h && ix0[l] + 6 <= p->w;
+    }
+    for (int64_t c = 0; c < C; c++) {
+      cv8 d[6][6], t[6][6];
+      for (int l = 0; l < 8; l++) {
+        const float *xc = g->x + (ib[l] * C + c) * HW;
+        if (inside[l]) {
+          const float *s = xc + iy0[l] * p->w + ix0[l];
+          for (int r = 0; r < 6; r++)
+            for (int q = 0; q < 6; q++) d[r][q][l] = s[r * p->w + q];
+        } else {
+          for (int r = 0; r < 6; r++)
+            for (int q = 0; q < 6; q++) {
+              const int64_t iy = iy0[l] + r, ix = ix0[l] + q;
+              d[r][q][l] = iy >= 0 && iy < p->h && ix >= 0 && ix < p->w ? xc[iy * p->w + ix] : 0.0f;
+            }
+        }
+      }
+      for (int q = 0; q < 6; q++) {
+        cv8 o[6];
+        WG_BT(d[0][q], d[1][q], d[2][q], d[3][q], d[4][q], d[5][q], o);
+        for (int r = 0; r < 6; r++) t[r][q] = o[r];
+      }
+      for (int r = 0; r < 6; r++) {
+        cv8 o[6];
+        WG_BT(t[r][0], t[r][1], t[r][2], t[r][3], t[r][4], t[r][5], o);
+        for (int q = 0; q < 6; q++) memcpy(V + ((r * 6 + q) * C + c) * S + j, &o[q], sizeof(cv8));
+      }
+    }
+  }
+  /* 36 GEMMs: M[x][O][S] = U[x][O][C] @ V[x][C][S] */
+  for (int x = 0; x < 36; x++)
+    sgemm_ep(g->u + x * O * C, C, 1, V + x * C * S, EX_F32, S, 1, M + x * O * S, S, O, nt, C,
+             &EPI_NONE);
+  /* output transform + epilogue */
+  for (int64_t j = 0; j < nt; j += 8) {
+    for (int64_t o = 0; o < O; o++) {
+      cv8 m[6][6], t[4][6];
+      for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + (x * O + o) * S + j, sizeof(cv8));
+      for (int q = 0; q < 6; q++) {
+        cv8 r4[4];
+        WG_AT(m[0][q], m[1][q], m[2][q], m[3][q], m[4][q], m[5][q], r4);
+        for (int r = 0; r < 4; r++) t[r][q] = r4[r];
+      }
+      float out[4][4][8];
+      for (int r = 0; r < 4; r++) {
+        cv8 r4[4];
+        WG_AT(t[r][0], t[r][1], t[r][2], t[r][3], t[r][4], t[r][5], r4);
+        for (int q = 0; q < 4; q++) memcpy(out[r][q], &r4[q], sizeof(cv8));
+      }
+      const float bv = g->bias ? g->bias[o] : 0.0f;
+      for (int l = 0; l < 8 && j + l < nt; l++) {
+        const int64_t t = t0 + j + l, tt = t % g->T, b = t / g->T;
+        const int64_t oy0 = tt / g->tw * 4, ox0 = tt % g->tw * 4;
+        const int64_t yo = (b * O + o) * OHW;
+        for (int r = 0; r < 4 && oy0 + r < p->oh; r++) {
+          float row[4];
+          const int64_t nq = EX_MIN(4, p->ow - ox0), off = yo + (oy0 + r) * p->ow + ox0;
+          for (int q = 0; q < nq; q++) row[q] = out[r][q][l] + bv;
+          if (g->res)
+            for (int q = 0; q < nq; q++) row[q] += g->res[off + q];
+          act_row(p->act, row, nq);
+          memcpy(g->y + off, row, (size_t)nq * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+static void wg_task(void *vctx, int64_t b0, int64_t b1) {
+  wg_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  float *V = aligned_alloc(64, (size_t)(36 * (p->c + p->oc) * g->tbp) * sizeof(float));
+  if (!V) { g->err = EX_ENOMEM; return; }
+  for (int64_t b = b0; b < b1; b++) wg_block(g, b * g->tb, V, V + 36 * p->c * g->tbp);
+  free(V);
+}
+
+static int conv_winograd(const ex_conv_params *p, const float *x, const float *u,
+                         const float *bias, const float *res, float *y) {
+  if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
+      p->groups != 1)
+    return EX_EINVAL;
+  wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, 0};
+  g.T = g.tw * g.th;
+  g.total = g.T * p->n;
+  int64_t tb = (int64_t)(1 << 20) / (144 * (p->c + p->oc));
+  tb = EX_MAX(16, EX_MIN(WT, tb)) / 8 * 8;
+  const int nt = ex_pool_width();
+  if (g.total < tb * nt) tb = EX_MAX(8, ROUND_UP((g.total + nt - 1) / nt, 8));
+  g.tb = EX_MIN(tb, ROUND_UP(g.total, 8));
+  g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
+  const int64_t nblk = (g.total + g.tb - 1) / g.tb;
+  ex_parallel_for(nblk, 1, wg_task, &g);
+  return g.err;
+}
+
+/* ---- transposed convolution: GEMM to columns, then col2im ---- */
+typedef struct {
+  const ex_conv_params *p;
+  const float *col, *bias;
+  float *y; /* the group's output */
+  int64_t g;
+} c2i_ctx;
+
+static void col2im_task(void *vctx, int64_t c0, int64_t c1) {
+  const c2i_ctx *g = vctx;
+  const ex_conv_params *p = g->p; /* here h, w: input size; oh, ow: output size */
+  const int64_t HW = p->h * p->w, kk = p->kh * p->kw;
+  for (int64_t co = c0; co < c1; co++) {
+    float *yc = g->y + co * p->oh * p->ow;
+    const float bv = g->bias ? g->bias[g->g * (p->oc / p->groups) + co] : 0.0f;
+    for (int64_t i = 0; i < p->oh * p->ow; i++) yc[i] = bv;
+    for (int64_t i = 0; i < p->kh; i++)
+      for (int64_t j = 0; j < p->kw; j++) {
+        const float *src = g->col + (co * kk + i * p->kw + j) * HW;
+        for (int64_t iy = 0; iy < p->h; iy++) {
+          const int64_t oy = iy * p->sh - p->ph + i * p->dh;
+          if (oy < 0 || oy >= p->oh) continue;
+          float *yr = yc + oy * p->ow;
+          const float *sr = src + iy * p->w;
+          for (int64_t ix = 0; ix < p->w; ix++) {
+            const int64_t ox = ix * p->sw - p->pw + j * p->dw;
+            if (ox >= 0 && ox < p->ow) yr[ox] += sr[ix];
+          }
+        }
+      }
+    act_row(p->act, yc, p->oh * p->ow);
+  }
+}
+
+static int conv_transpose2d(const ex_conv_params *p, const float *x, const float *w,
+                            const float *bias, float *y) {
+  int err = conv_check(p);
+  if (err) return err;
+  if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
+  if (!x || !w || !y) return EX_EINVAL;
+  const int64_t G = p->groups, icg = p->c / G, ocg = p->oc / G, KK = ocg * p->kh * p->kw,
+                HW = p->h * p->w;
+  float *col = malloc((size_t)EX_MAX(KK * HW, 1) * sizeof(float));
+  if (!col) return EX_ENOMEM;
+  for (int64_t b = 0; b < p->n && !err; b++)
+    for (int64_t g = 0; g < G && !err; g++) {
+      /* col[KK, HW] = W_g^T @ x_g, W_g = w[g*icg : (g+1)*icg] as [icg, KK] */
+      err = sgemm_ep(w + g * icg * KK, 1, KK, x + (b * p->c + g * icg) * HW, EX_F32, HW, 1, col,
+                     HW, KK, HW, icg, &EPI_NONE);
+      if (err) break;
+      c2i_ctx c = {p, col, bias, y + (b * p->oc + g * ocg) * p->oh * p->ow, g};
+      ex_parallel_for(ocg, 1, col2im_task, &c);
+    }
+  free(col);
+  return err;
+}
+
+static int conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                  const float *res, float *y) {
+  int err = conv_check(p);
+  if (err) return err;
+  if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
+  if (!x || !w || !y) return EX_EINVAL;
+  const int dw_ok = p->groups == p->c && p->oc == p->c;
+  switch (p->algo) {
+  case EX_CONV_AUTO: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : conv_gemm(p, x, w, bias, res, y);
+  case EX_CONV_GEMM: return conv_gemm(p, x, w, bias, res, y);
+  case EX_CONV_DEPTHWISE: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : EX_EINVAL;
+  case EX_CONV_WINOGRAD: return conv_winograd(p, x, w, bias, res, y);
+  default: return EX_EINVAL;
+  }
+}

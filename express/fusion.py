@@ -1,0 +1,156 @@
+"""Kernel-level graph rewrites run by the planner before elementwise fusion:
+
+  - batch norm after a convolution with constant weights is folded into the weights and bias;
+  - a residual `add` of a convolution / linear output and a same-shape tensor becomes the
+    kernel's residual input;
+  - an activation (relu, relu6 = clip(0, 6), silu, gelu, sigmoid) after a convolution, linear,
+    group norm or batch norm becomes the kernel's epilogue;
+  - a convolution's algorithm is chosen (`ops.nn.choose_conv_algo`) and, for Winograd with
+    constant weights, the weights are transformed once here.
+
+A rewrite only absorbs a producer that has a single consumer and is not a requested output, so
+nothing is computed twice. User tensors are never mutated: rewritten nodes are new Tensors and
+`canon` is redirected to them."""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import dtypes as dt
+from .ops import nn as _nn
+from .tensor import Tensor, constant
+
+_ACT_OPS = {"relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "sigmoid": "sigmoid"}
+_EPILOGUE = (_nn.CONV2D, _nn.LINEAR)
+_ACT_HOSTS = (_nn.CONV2D, _nn.LINEAR, _nn.GROUP_NORM, _nn.BATCH_NORM)
+_WINO_CACHE: "weakref.WeakKeyDictionary[Tensor, Tensor]" = weakref.WeakKeyDictionary()
+
+
+def _act_of(t):
+    name = t.op.name
+    if name in _ACT_OPS:
+        return _ACT_OPS[name]
+    if name == "clamp" and t.attrs.get("lo") == 0.0 and t.attrs.get("hi") == 6.0:
+        return "relu6"
+    return None
+
+
+def _const(t):
+    return t._value if t._value is not None else None
+
+
+def _rebuild(t, inputs, **changes):
+    attrs = dict(t.attrs, **changes)
+    return Tensor(t.op, tuple(inputs), attrs, t.shape, t.dtype)
+
+
+def _fold_bn(conv, cins, bn, bins):
+    """conv's weights/bias with bn folded in, or None when something is not constant."""
+    x, w = cins[0], cins[1]
+    b = cins[2] if conv.attrs["has_bias"] else None
+    mean, var = bins[1], bins[2]
+    rest = iter(bins[3:])
+    g = next(rest) if bn.attrs["has_w"] else None
+    beta = next(rest) if bn.attrs["has_b"] else None
+    vals = [_const(t) for t in (w, mean, var) + tuple(t for t in (b, g, beta) if t is not None)]
+    if any(v is None for v in vals):
+        return None
+    s = 1.0 / np.sqrt(np.asarray(var._value, np.float64) + bn.attrs["eps"])
+    if g is not None:
+        s = s * g._value
+    w2 = (np.asarray(w._value, np.float64) * s[:, None, None, None]).astype(np.float32)
+    b0 = np.asarray(b._value, np.float64) if b is not None else 0.0
+    b2 = ((b0 - mean._value) * s + (beta._value if beta is not None else 0.0)).astype(np.float32)
+    return [x, constant(w2), constant(np.ascontiguousarray(b2))]
+
+
+def _winograd(conv, ins):
+    w = ins[1]
+    if conv.attrs.get("wlayout", "oihw") != "oihw":
+        return None
+    a = conv.attrs
+    x = ins[0]
+    algo = a.get("algo", "auto")
+    if algo == "auto":
+        algo = _nn.choose_conv_algo(x.shape[1], conv.shape[1], conv.shape[2], conv.shape[3], tuple(w.shape[2:]),
+                                    a["stride"], a["dilation"], a["groups"])
+    if algo != "winograd" or w._value is None:
+        return None
+    u = _WINO_CACHE.get(w)
+    if u is None:
+        u = _WINO_CACHE[w] = constant(_nn.winograd_weights(w._value))
+    return _rebuild(conv, [x, u] + list(ins[2:]), algo="winograd", wlayout="winograd", kernel=tuple(w.shape[2:]))
+
+
+def fuse_kernels(nodes: list, canon: dict, roots) -> list:
+    """Rewrite `nodes` (topological, canonical) in place of the planner's list; updates `canon`."""
+    repl: dict[int, Tensor] = {}
+
+    def res(i):
+        t = canon.get(id(i), i)
+        while id(t) in repl:
+            t = repl[id(t)]
+        return t
+
+    root_ids = {id(res(r)) for r in roots}
+    consumers: dict[int, int] = {}
+    for t in nodes:
+        for i in {id(res(i)): 0 for i in t.inputs}:
+            consumers[i] = consumers.get(i, 0) + 1
+
+    def absorbable(p, ops):
+        return (p.op in ops and p._value is None and consumers.get(id(p), 0) == 1 and id(p) not in root_ids)
+
+    out: list[Tensor] = []
+    dead: set[int] = set()
+    for t in nodes:
+        ins = [res(i) for i in t.inputs]
+        new = None
+        if t.op is _nn.BATCH_NORM and t.attrs["act"] == "none":
+            p = ins[0]
+            if absorbable(p, (_nn.CONV2D,)) and p.attrs["act"] == "none" and not p.attrs["has_res"] and \
+                    p.attrs.get("wlayout", "oihw") == "oihw":
+                pins = [res(i) for i in p.inputs]
+                folded = _fold_bn(p, pins, t, ins)
+                if folded is not None:
+                    new, gone = _rebuild(p, folded, has_bias=True), p
+        elif t.op.name == "add" and t.dtype is dt.float32 and len(ins) == 2:
+            for k in (0, 1):
+                p, r = ins[k], ins[1 - k]
+                if (absorbable(p, _EPILOGUE) and p.attrs["act"] == "none" and not p.attrs["has_res"]
+                        and r.shape == t.shape == p.shape and r.dtype is dt.float32 and r is not p):
+                    new, gone = _rebuild(p, [res(i) for i in p.inputs] + [r], has_res=True), p
+                    break
+        else:
+            act = _act_of(t) if t.op.kind == "elementwise" and t.dtype is dt.float32 else None
+            if act is not None:
+                p = ins[0]
+                if absorbable(p, _ACT_HOSTS) and p.attrs["act"] == "none" and p.shape == t.shape:
+                    new, gone = _rebuild(p, [res(i) for i in p.inputs], act=act), p
+        if new is None:
+            out.append(t)
+            continue
+        dead.add(id(gone))
+        repl[id(t)] = new
+        consumers[id(new)] = consumers.get(id(t), 0)
+        if id(t) in root_ids:
+            root_ids.add(id(new))
+        for i in {id(x): x for x in new.inputs}.values():
+            canon.setdefault(id(i), i)
+        out.append(new)
+    result = []
+    for t in out:
+        if id(t) in dead:
+            continue
+        if t.op is _nn.CONV2D:
+            w = _winograd(t, [res(i) for i in t.inputs])
+            if w is not None:
+                repl[id(t)] = w
+                canon.setdefault(id(w.inputs[1]), w.inputs[1])
+                t = w
+        canon[id(t)] = t
+        result.append(t)
+    for k in list(canon):
+        canon[k] = res(canon[k])
+    return result

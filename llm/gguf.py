@@ -1,0 +1,335 @@
+"""GGUF files: metadata to a Hugging Face-style config, tensors to weights, the embedded tokenizer.
+
+The `gguf` package parses the container (memory-mapped); this module maps names and decodes the
+quantized blocks. Block layouts follow ggml's definitions (ggml-common.h):
+
+  Q8_0  32 weights: f16 d, int8 q[32]                        w = d*q
+  Q4_0  32 weights: f16 d, u8 qs[16] (lo nibbles 0-15, hi 16-31)   w = d*(q-8)
+  Q5_0  32 weights: f16 d, u8 qh[4] (5th bits), u8 qs[16]    w = d*(q-16)
+  Q4_K 256 weights: f16 d, f16 dmin, u8 scales[12] (6-bit sc/m of 8 sub-blocks), u8 qs[128]
+                    w = d*sc*q - dmin*m   (sub-blocks of 32; 64-weight chunks: lo nibbles, hi nibbles)
+  Q5_K 256 weights: as Q4_K plus u8 qh[32] (5th bits)
+  Q6_K 256 weights: u8 ql[128], u8 qh[64], int8 scales[16], f16 d      w = d*sc*(q-32), groups of 16
+
+Each quantized tensor decodes, without going through floats, to integer codes, a per-group scale and
+(for the K types with a min) a per-group offset: w = scale*q + offset. That is exactly our affine
+group format, so converting costs no accuracy.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from express import ModelError
+
+QK_K = 256
+
+
+@dataclass
+class QuantBlocks:
+    """A quantized matrix (rows, cols): w[r, c] = scales[r, c // group] * codes[r, c] (+ offsets)."""
+    codes: np.ndarray          # int8 (rows, cols)
+    scales: np.ndarray         # float32 (rows, cols // group)
+    offsets: np.ndarray | None  # float32 (rows, cols // group), or None (symmetric)
+    group: int
+    bits: int                  # bits the codes need (4, 5, 6 or 8)
+    kind: str                  # the GGUF type name
+
+    def dequantize(self) -> np.ndarray:
+        r, c = self.codes.shape
+        w = self.codes.reshape(r, c // self.group, self.group).astype(np.float32) * self.scales[..., None]
+        if self.offsets is not None:
+            w += self.offsets[..., None]
+        return w.reshape(r, c)
+
+
+def _f16(b):
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _blocks(raw, nbytes):
+    return raw.reshape(-1, nbytes)
+
+
+def _q8_0(raw, rows):
+    b = _blocks(raw, 34)
+    return b[:, 2:].view(np.int8), _f16(b[:, :2]), None, 32, 8
+
+
+def _q4_0(raw, rows):
+    b = _blocks(raw, 18)
+    qs = b[:, 2:]
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=1).astype(np.int8) - 8
+    return q, _f16(b[:, :2]), None, 32, 4
+
+
+def _q5_0(raw, rows):
+    b = _blocks(raw, 22)
+    qh = np.ascontiguousarray(b[:, 2:6]).view("<u4")[:, 0]
+    hbits = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    qs = b[:, 6:]
+    q = (np.concatenate([qs & 0xF, qs >> 4], axis=1) | (hbits << 4)).astype(np.int8) - 16
+    return q, _f16(b[:, :2]), None, 32, 5
+
+
+def _scale_min_k4(s):
+    """The 8 six-bit scales and mins packed in 12 bytes (per super-block)."""
+    sc = np.empty(s.shape[:1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[:, :4], mn[:, :4] = s[:, 0:4] & 63, s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)
+    mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _k_nibbles(qs):
+    """128 bytes -> 256 codes: each 32-byte chunk gives 32 low nibbles then 32 high nibbles."""
+    c = qs.reshape(-1, 4, 32)
+    return np.stack([c & 0xF, c >> 4], axis=2).reshape(-1, QK_K)
+
+
+def _q4_k(raw, rows):
+    b = _blocks(raw, 144)
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    q = _k_nibbles(b[:, 16:]).astype(np.int8)
+    return q, d[:, None] * sc, -(dmin[:, None] * mn), 32, 4
+
+
+def _q5_k(raw, rows):
+    b = _blocks(raw, 176)
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    qh = b[:, 16:48]
+    q = _k_nibbles(b[:, 48:])
+    # the 5th bit of element l of sub-block j is bit j of qh[l]
+    hb = ((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).reshape(-1, QK_K)
+    q = (q | (hb << 4)).astype(np.int8)
+    return q, d[:, None] * sc, -(dmin[:, None] * mn), 32, 5
+
+
+def _q6_k(raw, rows):
+    b = _blocks(raw, 210)
+    ql, qh = b[:, :128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
+    sc = b[:, 192:208].view(np.int8).astype(np.float32)
+    d = _f16(b[:, 208:210])
+    lo = np.stack([ql[..., :32] & 0xF, ql[..., 32:] & 0xF, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=2)
+    hi = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
+    q = (lo | (hi << 4)).astype(np.int8).reshape(-1, QK_K) - 32
+    return q, d[:, None] * sc, None, 16, 6
+
+
+_QUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q5_0": _q5_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+_FLOAT = {"F32": np.float32, "F16": np.float16}
+
+
+def decode_tensor(t, where: str = "gguf"):
+    """A GGUF tensor as a float NumPy array (F32/F16/BF16) or `QuantBlocks`, in row-major
+    (rows, cols) order: GGUF lists dims innermost first, so (cols, rows) becomes (rows, cols)."""
+    kind = t.tensor_type.name
+    shape = tuple(int(s) for s in reversed(t.shape))
+    if kind in _FLOAT:
+        return np.asarray(t.data).view(_FLOAT[kind]).reshape(shape)
+    if kind == "BF16":
+        import ml_dtypes
+        return np.asarray(t.data).view(ml_dtypes.bfloat16).reshape(shape)
+    if kind not in _QUANT:
+        raise ModelError(f"{where}: tensor {t.name!r} has quantization type {kind}, which is not supported "
+                         f"(supported: F32, F16, BF16, {', '.join(_QUANT)})")
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    q, scales, offsets, group, bits = _QUANT[kind](np.asarray(t.data, np.uint8).reshape(-1), rows)
+    per_row = cols // group
+    return QuantBlocks(q.reshape(rows, cols), scales.reshape(rows, per_row).astype(np.float32),
+                       None if offsets is None else offsets.reshape(rows, per_row).astype(np.float32),
+                       group, bits, kind)
+
+
+class GGUFFile:
+    """An opened GGUF file: `.metadata` (dict), `.tensors` (name -> gguf ReaderTensor)."""
+
+    def __init__(self, path):
+        import gguf
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise ModelError(f"{self.path}: no such GGUF file")
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelError(f"{self.path}: not a GGUF file (magic {magic!r})")
+        try:
+            self.reader = gguf.GGUFReader(self.path, "r")
+        except Exception as e:  # the parser raises ValueError, struct.error, IndexError ... on damage
+            raise ModelError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
+        self.metadata = {}
+        for k, f in self.reader.fields.items():
+            if k.startswith("GGUF."):
+                continue
+            try:
+                self.metadata[k] = f.contents()
+            except Exception as e:
+                raise ModelError(f"{self.path}: unreadable metadata field {k!r}: {e}") from None
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def get(self, key, default=None):
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata.get("general.architecture", "?")
+
+
+# ---- config ----
+# facts about Gemma 3 that its GGUF metadata leaves out (as transformers' Gemma3TextConfig defaults)
+_GEMMA3 = dict(rope_local_base_freq=10000.0, sliding_window_pattern=6, query_pre_attn_scalar=None,
+               hidden_activation="gelu_pytorch_tanh")
+
+
+def config_from_gguf(g: GGUFFile) -> dict:
+    """The config.json a Hugging Face checkpoint of this model would have."""
+    arch = g.architecture
+    if arch not in ("gemma3", "qwen2", "llama"):
+        raise ModelError(f"{g.path}: GGUF architecture {arch!r} is not supported (supported: gemma3, qwen2, llama)")
+    p = lambda k, d=None: g.get(f"{arch}.{k}", d)  # noqa: E731
+    try:
+        heads = int(p("attention.head_count"))
+        emb = g.tensors.get("token_embd.weight")
+        cfg = dict(
+            vocab_size=len(g.get("tokenizer.ggml.tokens") or []) or int(p("vocab_size") or emb.shape[-1]),
+            hidden_size=int(p("embedding_length")), intermediate_size=int(p("feed_forward_length")),
+            num_hidden_layers=int(p("block_count")), num_attention_heads=heads,
+            num_key_value_heads=int(p("attention.head_count_kv", heads)),
+            head_dim=int(p("attention.key_length", int(p("embedding_length")) // heads)),
+            rms_norm_eps=float(p("attention.layer_norm_rms_epsilon", 1e-6)),
+            max_position_embeddings=int(p("context_length", 4096)),
+            rope_theta=float(p("rope.freq_base", 10000.0)),
+            bos_token_id=g.get("tokenizer.ggml.bos_token_id"), eos_token_id=g.get("tokenizer.ggml.eos_token_id"),
+        )
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ModelError(f"{g.path}: missing or bad {arch} metadata ({e})") from None
+    if arch == "gemma3":
+        cfg.update(_GEMMA3, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                   sliding_window=int(p("attention.sliding_window", 512)), tie_word_embeddings=True,
+                   final_logit_softcapping=p("final_logit_softcapping"), attn_logit_softcapping=p("attn_logit_softcapping"))
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    elif arch == "qwen2":
+        cfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings="output.weight" not in g.tensors)
+    else:
+        cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings="output.weight" not in g.tensors)
+    return cfg
+
+
+# ---- tensor names ----
+_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+          "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+_LAYER_GEMMA = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+_LAYER_LLAMA = {"ffn_norm": "post_attention_layernorm"}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(arch: str, name: str) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor (None for tensors we do not use)."""
+    base, _, suffix = name.rpartition(".")
+    if base.startswith("blk."):
+        _, i, part = base.split(".", 2)
+        table = {**_LAYER, **(_LAYER_GEMMA if arch == "gemma3" else _LAYER_LLAMA)}
+        return f"model.layers.{i}.{table[part]}.{suffix}" if part in table else None
+    return f"{_TOP[base]}.{suffix}" if base in _TOP else None
+
+
+def _unpermute(w, heads):
+    """llama.cpp stores llama q/k rows interleaved for its rope; undo it (HF rotates halves)."""
+    r = w.shape[0]
+    return w.reshape(heads, r // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_weights(g: GGUFFile, cfg: dict) -> dict:
+    """name -> float array or QuantBlocks, with Hugging Face names and conventions."""
+    arch, out = g.architecture, {}
+    for name, t in g.tensors.items():
+        hf = hf_name(arch, name)
+        if hf is None:
+            continue
+        w = decode_tensor(t, g.path)
+        if arch == "gemma3" and hf.endswith("norm.weight"):
+            w = np.asarray(w, np.float32) - 1.0  # GGUF folds Gemma's (1 + w) into the weight
+        if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
+            heads = cfg["num_attention_heads"] if ".q_proj." in hf else cfg["num_key_value_heads"]
+            w = _unpermute_blocks(w, heads)
+        out[hf] = w
+    return out
+
+
+def _unpermute_blocks(w, heads):
+    if isinstance(w, QuantBlocks):
+        return QuantBlocks(_unpermute(w.codes, heads), _unpermute(w.scales, heads),
+                           None if w.offsets is None else _unpermute(w.offsets, heads), w.group, w.bits, w.kind)
+    return _unpermute(w, heads)
+
+
+# ---- tokenizer ----
+def tokenizer_from_gguf(g: GGUFFile):
+    """A `tokenizers.Tokenizer` equivalent to the embedded vocabulary.
+
+    "llama" (SentencePiece) vocabularies become a BPE model with byte fallback whose merges are
+    ranked by the merged piece's score, as SentencePiece's BPE does; "gpt2" vocabularies come with
+    their merges."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    kind = g.get("tokenizer.ggml.model")
+    tokens = list(g.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ModelError(f"{g.path}: no embedded tokenizer (tokenizer.ggml.tokens)")
+    types = list(g.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if kind == "llama":  # SentencePiece writes spaces as U+2581; a few user pieces keep real ones
+        tokens = [t.replace(" ", "\u2581") for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if kind == "llama":
+        scores = list(g.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+        merges = _spm_merges(tokens, scores, types, vocab)
+        unk = g.get("tokenizer.ggml.unknown_token_id")
+        tok = Tokenizer(models.BPE(vocab, merges, unk_token=tokens[unk] if unk is not None else None,
+                                   byte_fallback=True, fuse_unk=True, dropout=None))
+        norm = [normalizers.Replace(" ", "\u2581")]
+        if g.get("tokenizer.ggml.add_space_prefix", False):
+            norm.insert(0, normalizers.Prepend("\u2581"))
+        tok.normalizer = normalizers.Sequence(norm)
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                        + ([decoders.Strip(" ", 1, 0)] if g.get("tokenizer.ggml.add_space_prefix", False) else []))
+    elif kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in g.get("tokenizer.ggml.merges") or []]
+        tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        raise ModelError(f"{g.path}: tokenizer model {kind!r} is not supported (llama, gpt2)")
+    from tokenizers import AddedToken, processors
+    # control tokens (type 3) are special; user-defined ones (type 4: runs of newlines, tabs) match
+    # as text, except runs of spaces, which the BPE model builds from "▁" pieces
+    tok.add_tokens([AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types)
+                    if ty == 3 or (ty == 4 and "\u2581" not in t)])
+    bos = g.get("tokenizer.ggml.bos_token_id")
+    if g.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
+                                                           special_tokens=[(tokens[bos], bos)])
+    return tok
+
+
+def _spm_merges(tokens, scores, types, vocab):
+    """BPE merges for a SentencePiece vocabulary: every split of a normal piece into two pieces
+    of the vocabulary is a merge, ranked by the piece's score (higher merges first), as the
+    tokenizers library's SentencePiece conversion does."""
+    merges = []
+    for i, piece in enumerate(tokens):
+        if types[i] not in (1, 4) or len(piece) < 2:
+            continue
+        for k in range(1, len(piece)):
+            a, b = piece[:k], piece[k:]
+            if a in vocab and b in vocab:
+                # user-defined pieces (type 4) are atomic in SentencePiece: their merges go first
+                merges.append((types[i] != 4, -scores[i], i, vocab[a], vocab[b], a, b))
+    merges.sort()  # then by score, ties in vocabulary order of the merged piece, then of its parts
+    return [(a, b) for *_, a, b in merges]

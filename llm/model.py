@@ -1,0 +1,146 @@
+"""The one decoder every family shares: pre-norm blocks of (GQA attention with RoPE, optional
+q/k norm and biases) and a gated MLP, with the per-family switches of `ModelConfig`.
+
+Parameter names are the Hugging Face ones ("model.layers.0.self_attn.q_proj.weight"), so a
+checkpoint loads by name. A step runs `T` new tokens at a runtime position `pos` (a 0-d int64
+tensor) against the preallocated KV cache, over the first `L` cache slots (a static bucket), so
+`ex.compile` caches one plan per (T, L) and a decode step replays it."""
+from __future__ import annotations
+
+import numpy as np
+
+import express as ex
+import express.nn as nn
+import express.nn.functional as F
+
+from . import rope
+from .config import ModelConfig
+
+_ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, "tanh")}
+
+
+def attention(q, k, v, mask, scale):
+    """q (T, H, hd), k/v (Hkv, L, hd), additive mask (T, L) -> (T, H * hd); GQA when Hkv < H."""
+    T, H, hd = q.shape
+    hkv, L = k.shape[0], k.shape[1]
+    rep = H // hkv
+    qh = (q * scale).reshape(T, hkv, rep, hd).permute_dims((1, 2, 0, 3)).reshape(hkv, rep * T, hd)
+    s = (qh @ k.mT).reshape(hkv, rep, T, L) + mask
+    p = F.softmax(s, axis=-1).reshape(hkv, rep * T, L)
+    o = (p @ v).reshape(hkv, rep, T, hd)
+    return o.permute_dims((2, 0, 1, 3)).reshape(T, H * hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig):
+        self.c = c
+        d, hd = c.hidden_size, c.head_dim
+        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=c.o_bias)
+        if c.qk_norm:
+            self.q_norm = nn.RMSNorm(hd, c.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(hd, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, pos, L):
+        c = self.c
+        T = x.shape[0]
+        q = self.q_proj(x).reshape(T, c.num_heads, c.head_dim)
+        k = self.k_proj(x).reshape(T, c.num_kv_heads, c.head_dim)
+        v = self.v_proj(x).reshape(T, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope.apply(q, cos, sin, c.rotary_dim, c.rope_interleaved)
+        k = rope.apply(k, cos, sin, c.rotary_dim, c.rope_interleaved)
+        kc, vc = cache
+        kc = ex.slice_update(kc, k.permute_dims((1, 0, 2)), pos, axis=1)[:, :L]
+        vc = ex.slice_update(vc, v.permute_dims((1, 0, 2)), pos, axis=1)[:, :L]
+        return self.o_proj(attention(q, kc, vc, mask, c.head_dim ** -0.5))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig):
+        self.act = _ACTS[c.hidden_act]
+        d, f = c.hidden_size, c.intermediate_size
+        if c.fused_gate_up:
+            self.gate_up_proj = nn.Linear(d, 2 * f, bias=c.mlp_bias)
+        else:
+            self.gate_proj = nn.Linear(d, f, bias=c.mlp_bias)
+            self.up_proj = nn.Linear(d, f, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(f, d, bias=c.mlp_bias)
+
+    def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gu = self.gate_up_proj(x)
+            f = gu.shape[-1] // 2
+            g, u = gu[..., :f], gu[..., f:]
+        else:
+            g, u = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(g) * u)
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig):
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+        if c.sandwich_norm:
+            self.post_self_attn_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+            self.post_mlp_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, h, cos, sin, mask, cache, pos, L):
+        sandwich = hasattr(self, "post_mlp_layernorm")
+        a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, pos, L)
+        h = h + (self.post_self_attn_layernorm(a) if sandwich else a)
+        m = self.mlp(self.post_attention_layernorm(h))
+        return h + (self.post_mlp_layernorm(m) if sandwich else m)
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: ModelConfig):
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = [Block(c) for _ in range(c.num_layers)]
+        self.norm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. `step(h, pos, caches, L, last)` is the traced function."""
+
+    def __init__(self, c: ModelConfig):
+        self.config = c
+        self.model = Decoder(c)
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self._rope = None
+        self._tied = {}  # the LM head over the embedding when tied (kept out of the parameter tree)
+
+    def head(self):
+        return self.lm_head if hasattr(self, "lm_head") else self._tied["head"]
+
+    def rope_tables(self, n):
+        if self._rope is None or self._rope[0].shape[0] < n:
+            cos, sin = rope.tables(self.config, n)
+            self._rope = (ex.asarray(cos), ex.asarray(sin))
+        return self._rope
+
+    def step(self, h, pos, caches, L, last=None):
+        c = self.config
+        T = h.shape[0]
+        qpos = pos + ex.arange(T)
+        cos_t, sin_t = self.rope_tables(caches[0][0].shape[1])
+        cos = ex.take(cos_t, qpos, axis=0).reshape(T, 1, -1)
+        sin = ex.take(sin_t, qpos, axis=0).reshape(T, 1, -1)
+        kpos = ex.asarray(np.arange(L, dtype=np.int64).reshape(1, L))
+        qcol = qpos.reshape(T, 1)
+        allowed = kpos <= qcol
+        if c.sliding_window is not None and c.sliding_window < L:
+            allowed = allowed & (kpos > qcol - c.sliding_window)
+        mask = ex.where(allowed, ex.asarray(np.float32(0)), ex.asarray(np.float32(-np.inf)))
+        for layer, cache in zip(self.model.layers, caches):
+            h = layer(h, cos, sin, mask, cache, pos, L)
+        h = self.model.norm(h)
+        if last is not None:  # only the rows at `last` (int64 indices, a runtime input)
+            h = ex.take(h, last, axis=0)
+        return self.head()(h)

@@ -1,0 +1,87 @@
+"""Weights from a Hugging Face folder: safetensors files (one, several, or a sharded index),
+memory-mapped, bf16/fp16/fp32/int8/uint8; and a safetensors writer."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from express import ModelError
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I8": np.int8,
+           "U8": np.uint8, "I32": np.int32, "I64": np.int64, "F64": np.float64, "BOOL": np.bool_}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """name -> array over a read-only memory map of `path` (nothing is copied)."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        mm = np.memmap(path, np.uint8, "r") if os.path.getsize(path) > 8 + n else np.zeros(0, np.uint8)
+    except (OSError, ValueError, struct.error) as e:
+        raise ModelError(f"{path!r} is not a valid safetensors file: {e}") from None
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _DTYPES:
+            raise ModelError(f"{path!r}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        a, b = info["data_offsets"]
+        buf = mm[8 + n + a: 8 + n + b]
+        out[name] = np.asarray(buf).view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
+    """Write arrays as safetensors, each tensor's data 64-byte aligned (alignment padding goes into
+    the header's trailing spaces and between tensors as unnamed gaps are not allowed, so tensors are
+    ordered by decreasing alignment need and padded in the header)."""
+    names = sorted(tensors, key=lambda k: (-tensors[k].dtype.itemsize, k))
+    header, off = {}, 0
+    for k in names:
+        a = tensors[k]
+        header[k] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((-(8 + len(h))) % 64)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for k in names:
+            f.write(np.ascontiguousarray(tensors[k]).tobytes())
+
+
+def load_folder(folder: str) -> dict[str, np.ndarray]:
+    """Every tensor of a Hugging Face folder: a sharded index (model.safetensors.index.json, each
+    listed shard must exist) or the *.safetensors files in it."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            wmap = json.load(f).get("weight_map", {})
+        shards = sorted(set(wmap.values()))
+        missing = [s for s in shards if not os.path.isfile(os.path.join(folder, s))]
+        if missing:
+            raise ModelError(f"{folder!r}: shard(s) {', '.join(missing)} listed in model.safetensors.index.json "
+                             f"are missing")
+        files = [os.path.join(folder, s) for s in shards]
+    else:
+        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+        files = [f for f in files if not os.path.basename(f).startswith("adapter_")]
+        if not files:
+            raise ModelError(f"{folder!r}: no *.safetensors weights (only safetensors is supported)")
+    out = {}
+    for p in files:
+        out.update(read_safetensors(p))
+    if os.path.isfile(index):
+        lost = sorted(set(wmap) - set(out))
+        if lost:
+            raise ModelError(f"{folder!r}: tensors {lost[:3]} listed in the index are not in their shard")
+    return out

@@ -1,0 +1,202 @@
+"""int8/int4 weights (qlinear kernel and quantized models), export, LoRA merged and dynamic."""
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+import express as ex
+import express.nn as nn
+import llm
+from express.nn.quantized import QuantizedLinear, quantize
+from express.ops.quant import dequantize_weight, qlinear, quantize_weight
+from llm.__main__ import main
+
+from conftest import FAMILIES
+from test_llm import IDS, ref_logits
+
+# ---- the op against its NumPy reference ----
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 3, 8, 37])
+def test_qlinear_matches_reference(isa, bits, group, m):
+    if isa == "avx2" and not ex._lib.lib.ex_cpu_has_avx2():
+        pytest.skip("no AVX2")
+    rng = np.random.default_rng(m * bits + group)
+    w = rng.standard_normal((70, 256)).astype(np.float32)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    b = rng.standard_normal(70).astype(np.float32)
+    q, s = quantize_weight(w, bits, group)
+    ref = x @ dequantize_weight(q, s, bits, group).T + b
+    prev = ex.isa()
+    ex.set_isa(isa)
+    try:
+        y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group).numpy()
+    finally:
+        ex.set_isa(prev)
+    # m >= 8 dequantizes into the float GEMM (exact); fewer rows quantize x to int8 per 32 values
+    tol = 1e-5 if m >= 8 else 1.5e-2
+    assert np.abs(y - ref).max() <= tol * np.abs(ref).max()
+
+
+def test_quantize_weight_roundtrip_and_error_bounds():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 128)).astype(np.float32)
+    for bits, qmax in ((8, 127), (4, 7)):
+        q, s = quantize_weight(w, bits, 32)
+        d = dequantize_weight(q, s, bits, 32)
+        step = np.repeat(s, 32, axis=1)
+        assert np.all(np.abs(d - w) <= step / 2 + 1e-6)  # round to nearest within the group's step
+        np.testing.assert_allclose(s, np.abs(w).reshape(8, 4, 32).max(-1) / qmax, rtol=1e-6)
+
+
+def test_qlinear_bad_input():
+    q, s = quantize_weight(np.ones((4, 64), np.float32), 4, 32)
+    with pytest.raises(ex.ShapeError, match="qlinear"):
+        qlinear(ex.ones((2, 32)), q, s, bits=4, group_size=32)
+    with pytest.raises(ex.DTypeError, match="qlinear"):
+        qlinear(ex.ones((2, 64)), q.view(np.int8), s, bits=4, group_size=32)
+    with pytest.raises(ex.ShapeError, match="group"):
+        quantize_weight(np.ones((4, 48), np.float32), 4, 32)
+
+
+def test_module_quantize_swaps_linears():
+    m = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8), nn.Linear(8, 3))
+    x = ex.asarray(np.random.default_rng(1).standard_normal((9, 64)).astype(np.float32))
+    ref = m(x).numpy()
+    quantize(m, bits=8, group_size=32)
+    assert [type(l).__name__ for l in m] == ["QuantizedLinear", "QuantizedLinear", "Linear"]
+    assert np.abs(m(x).numpy() - ref).max() < 0.02 * np.abs(ref).max()
+
+
+# ---- quantized models ----
+def dequantized_reference(ref, bits, group):
+    """transformers with every linear weight replaced by dequantize(quantize(W)), as we quantize."""
+    r = copy.deepcopy(ref)
+    with torch.no_grad():
+        for name, mod in r.named_modules():
+            if isinstance(mod, torch.nn.Linear) and mod.in_features % group == 0:
+                q, s = quantize_weight(mod.weight.numpy(), bits, group)
+                mod.weight.copy_(torch.from_numpy(dequantize_weight(q, s, bits, group)))
+        if r.config.tie_word_embeddings:  # our tied head (and embedding) read the quantized table
+            emb = r.get_input_embeddings()
+            q, s = quantize_weight(emb.weight.numpy(), bits, group)
+            emb.weight.copy_(torch.from_numpy(dequantize_weight(q, s, bits, group)))
+    return r
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_model(tiny, family, bits):
+    folder, ref = tiny(family)
+    m = llm.load(folder, quant_bits=bits, group_size=32)
+    prefill = m.forward(IDS)
+    m.reset()
+    decode = np.stack([m._run([i])[0] for i in IDS])  # one token at a time: the int8-activation GEMV
+    # the kernel computes exactly the dequantized model (prefill) / within activation rounding (decode)
+    dq = ref_logits(dequantized_reference(ref, bits, 32), IDS)
+    np.testing.assert_allclose(prefill, dq, atol=1e-4, rtol=0)
+    assert np.abs(decode - dq).max() <= 0.05 * np.abs(dq).max()
+    # against the float model: int8 within 4% of the logit range; int4's top-1 agreement reported
+    full = ref_logits(ref, IDS)
+    err = np.abs(prefill - full).max() / np.abs(full).max()
+    agree = float((prefill.argmax(1) == full.argmax(1)).mean())
+    print(f"\n{family} int{bits}: max |logit error| / max |logit| = {err:.4f}, top-1 agreement {agree:.2f}")
+    if bits == 8:
+        assert err < 0.04
+
+
+def test_export_roundtrip_and_cli(tiny, tmp_path, capsys):
+    folder, _ = tiny("qwen2")
+    out = tmp_path / "q4"
+    assert main(["export", folder, str(out), "--quant-bits", "4", "--group-size", "32"]) == 0
+    assert "MiB" in capsys.readouterr().out
+    meta = json.loads((out / "express_llm.json").read_text())
+    assert meta["quant_bits"] == 4 and meta["group_size"] == 32
+    exported = llm.load(out)
+    assert isinstance(exported.model.model.layers[0].mlp.up_proj, QuantizedLinear)
+    fly = llm.load(folder, quant_bits=4, group_size=32)
+    np.testing.assert_array_equal(exported.forward(IDS), fly.forward(IDS))
+    assert exported.generate("Hello", max_new_tokens=5) == fly.generate("Hello", max_new_tokens=5)
+    with pytest.raises(ex.ModelError, match="quant_bits"):
+        llm.load(out, quant_bits=8)
+    # unquantized export (float weights) and untied head
+    folder3, ref3 = tiny("qwen3")
+    assert main(["export", folder3, str(tmp_path / "f")]) == 0
+    np.testing.assert_allclose(llm.load(tmp_path / "f").forward(IDS), ref_logits(ref3, IDS), atol=1e-4, rtol=0)
+    assert main(["export", folder3, str(tmp_path / "q8"), "--quant-bits", "8", "--group-size", "32"]) == 0
+    # an untied embedding is exported as float16 (looked up row by row), hence the tolerance
+    np.testing.assert_allclose(llm.load(tmp_path / "q8").forward(IDS),
+                               llm.load(folder3, quant_bits=8, group_size=32).forward(IDS), atol=5e-3, rtol=0)
+
+
+def test_cli_generate_and_bench(tiny, capsys):
+    folder, _ = tiny("llama")
+    assert main(["generate", folder, "--prompt", "Hello world", "--max-new-tokens", "4"]) == 0
+    assert main(["bench", folder, "--prompt-tokens", "16", "--gen-tokens", "4", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill" in out and "decode" in out and "RSS" in out
+    assert main(["generate", folder + "/nope", "--prompt", "x"]) == 2
+
+
+# ---- LoRA ----
+def make_adapter(ref, folder, seed, targets=("q_proj", "v_proj", "down_proj")):
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(copy.deepcopy(ref), LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
+                                                               init_lora_weights=False))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.normal_(0, 0.3)
+    peft_model.save_pretrained(folder)
+    return peft_model.merge_and_unload().eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_lora_merged_and_dynamic(tiny, tmp_path, family):
+    folder, ref = tiny(family)
+    a_ref = make_adapter(ref, tmp_path / "a", 1)
+    b_ref = make_adapter(ref, tmp_path / "b", 2, targets=("k_proj", "o_proj", "up_proj"))
+    want_a, want_b, base = ref_logits(a_ref, IDS), ref_logits(b_ref, IDS), ref_logits(ref, IDS)
+    assert np.abs(want_a - base).max() > 0.1  # the adapter matters
+    np.testing.assert_allclose(llm.load(folder, lora=str(tmp_path / "a")).forward(IDS), want_a, atol=1e-4, rtol=0)
+    m = llm.load(folder)
+    m.add_lora("a", tmp_path / "a")
+    m.add_lora("b", tmp_path / "b")
+    np.testing.assert_allclose(m.forward(IDS), base, atol=1e-4, rtol=0)  # not active until set
+    m.set_lora("a")
+    np.testing.assert_allclose(m.forward(IDS), want_a, atol=1e-4, rtol=0)
+    m.set_lora("b")
+    np.testing.assert_allclose(m.forward(IDS), want_b, atol=1e-4, rtol=0)
+    m.set_lora(None)
+    np.testing.assert_allclose(m.forward(IDS), base, atol=1e-4, rtol=0)
+    with pytest.raises(ex.ModelError, match="no adapter"):
+        m.set_lora("c")
+    # export with the adapter merged
+    assert main(["export", folder, str(tmp_path / "merged"), "--lora", str(tmp_path / "a")]) == 0
+    np.testing.assert_allclose(llm.load(tmp_path / "merged").forward(IDS), want_a, atol=1e-4, rtol=0)
+
+
+def test_lora_on_quantized_base(tiny, tmp_path):
+    folder, ref = tiny("qwen2")
+    make_adapter(ref, tmp_path / "a", 3)
+    m = llm.load(folder, quant_bits=8, group_size=32)
+    base = m.forward(IDS)
+    m.add_lora("a", tmp_path / "a")
+    m.set_lora("a")
+    # the quantized base plus the float adapter == the merged float model, within int8 error
+    merged = llm.load(folder, lora=str(tmp_path / "a")).forward(IDS)
+    got = m.forward(IDS)
+    assert np.abs(got - merged).max() < 0.05 * np.abs(merged).max()
+    assert np.abs(got - base).max() > 0.1
+
+
+def test_bad_adapter_folder(tiny, tmp_path):
+    folder, _ = tiny("llama")
+    m = llm.load(folder)
+    with pytest.raises(ex.ModelError, match="adapter_config.json"):
+        m.add_lora("x", tmp_path)

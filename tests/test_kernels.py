@@ -1,0 +1,127 @@
+"""The C kernels of the CNN/attention family called directly (cffi), on every variant the CPU
+has, against NumPy: GEMM tiles and epilogues across odd sizes, f16/bf16 weights, conv algorithms,
+argument validation."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from express._lib import ffi, lib
+from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params, winograd_weights
+
+RNG = np.random.default_rng(1)
+
+
+def fp(a):
+    return ffi.cast("float *", a.__array_interface__["data"][0])
+
+
+def vp(a):
+    return ffi.cast("void *", a.__array_interface__["data"][0])
+
+
+def rnd(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+SIZES = [(1, 1, 1), (1, 65, 17), (7, 33, 65), (15, 31, 29), (17, 17, 300), (29, 65, 7), (64, 100, 257),
+         (130, 97, 66)]
+
+
+@pytest.mark.parametrize("m,n,k", SIZES)
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+def test_linear_epilogue(m, n, k, act, isa, threads):
+    x, w, b, r = rnd(m, k), rnd(n, k), rnd(n), rnd(m, n)
+    y = np.empty((m, n), np.float32)
+    assert lib.ex_linear(fp(x), vp(w), lib.EX_F32, fp(b), fp(r), fp(y), m, n, k, ACTS[act]) == 0
+    want = _act_ref(x.astype(np.float64) @ w.T + b + r, act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    assert lib.ex_linear(fp(x), vp(w), lib.EX_F32, ffi.NULL, ffi.NULL, fp(y), m, n, k, 0) == 0
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 40])
+@pytest.mark.parametrize("wdt", [np.float16, ml_dtypes.bfloat16])
+def test_linear_half_weights(m, wdt, isa):
+    n, k = 70, 133
+    x, w = rnd(m, k), rnd(n, k).astype(wdt)
+    y = np.empty((m, n), np.float32)
+    code = lib.EX_F16 if wdt is np.float16 else lib.EX_BF16
+    assert lib.ex_linear(fp(x), vp(w), code, ffi.NULL, ffi.NULL, fp(y), m, n, k, 0) == 0
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-3)
+
+
+def test_linear_rejects_bad_arguments():
+    x = rnd(2, 2)
+    assert lib.ex_linear(fp(x), vp(x), lib.EX_I32, ffi.NULL, ffi.NULL, fp(x), 2, 2, 2, 0) == lib.EX_EDTYPE
+    assert lib.ex_linear(fp(x), vp(x), lib.EX_F32, ffi.NULL, ffi.NULL, fp(x), 2, 2, 2, 99) == lib.EX_EINVAL
+    assert lib.ex_linear(ffi.NULL, vp(x), lib.EX_F32, ffi.NULL, ffi.NULL, fp(x), 2, 2, 2, 0) == lib.EX_EINVAL
+
+
+@pytest.mark.parametrize("n", [14, 32, 100, 513])
+def test_matmul_tile_edges(n, isa, threads):
+    """Square products crossing the 6x16 / 14x32 micro-tile and KC/MC blocking edges."""
+    a, b = rnd(n, n + 3), rnd(n + 3, n - 1)
+    c = np.empty((n, n - 1), np.float32)
+    assert lib.ex_matmul(lib.EX_F32, vp(a), n + 3, 1, vp(b), n - 1, 1, vp(c), n, n - 1, n + 3, 0,
+                         ffi.NULL, ffi.NULL, ffi.NULL) == 0
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def conv(x, w, oc, k, stride, pad, algo, act="none", bias=None, res=None):
+    n, c, h, wd = x.shape
+    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    y = np.empty((n, oc, oh, ow), np.float32)
+    p = conv_params(x.shape, y.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, algo)
+    rc = lib.ex_conv2d(p, fp(x), fp(w), ffi.NULL if bias is None else fp(bias), ffi.NULL if res is None else fp(res),
+                       fp(y))
+    return rc, y
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 4, 4, 1), (1, 8, 7, 7, 5), (2, 16, 17, 9, 33), (1, 64, 28, 28, 64)])
+def test_winograd_within_1e4_of_direct(shape, isa, threads):
+    n, c, h, w, oc = shape
+    x, wt, b = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc)
+    want = conv2d_ref(x, wt, b, pads=(1, 1, 1, 1))
+    rc, y = conv(x, winograd_weights(wt), oc, 3, 1, 1, "winograd", bias=b)
+    assert rc == 0
+    assert np.abs(y - want).max() <= 1e-4 * np.abs(want).max()
+    rc, y2 = conv(x, wt, oc, 3, 1, 1, "gemm", bias=b)
+    assert rc == 0
+    assert np.abs(y2 - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_conv_epilogue_and_validation(isa):
+    x, w, b = rnd(1, 3, 9, 9), rnd(6, 3, 3, 3), rnd(6)
+    r = rnd(1, 6, 9, 9)
+    rc, y = conv(x, w, 6, 3, 1, 1, "gemm", "relu6", b, r)
+    assert rc == 0
+    np.testing.assert_allclose(y, np.clip(conv2d_ref(x, w, b, pads=(1, 1, 1, 1)) + r, 0, 6), rtol=1e-4, atol=1e-4)
+    assert conv(x, w, 6, 3, 2, 1, "winograd")[0] == lib.EX_EINVAL   # Winograd is stride 1 only
+    assert conv(x, w, 6, 3, 1, 1, "depthwise")[0] == lib.EX_EINVAL  # not one channel per group
+    bad = conv_params(x.shape, (1, 6, 9, 9), (3, 3), (0, 1), (1, 1), (1, 1), 1, "none", "gemm")
+    assert lib.ex_conv2d(bad, fp(x), fp(w), ffi.NULL, ffi.NULL, fp(y)) == lib.EX_EINVAL
+    assert lib.ex_conv2d(ffi.NULL, fp(x), fp(w), ffi.NULL, ffi.NULL, fp(y)) == lib.EX_EINVAL
+
+
+def test_pool_pad_norm_validation():
+    x = rnd(4)
+    assert lib.ex_pool2d(7, fp(x), fp(x), 1, 2, 2, 1, 1, 2, 2, 1, 1, 0, 0, 1, 1) == lib.EX_EOPCODE
+    assert lib.ex_pool2d(0, fp(x), fp(x), 1, 2, 2, 1, 1, 0, 2, 1, 1, 0, 0, 1, 1) == lib.EX_EINVAL
+    shape = ffi.new("int64_t[3]", [1, 1, 4])
+    big = ffi.new("int64_t[3]", [0, 0, 4])
+    assert lib.ex_pad(4, lib.EX_PAD_REFLECT, vp(x), vp(x), 1, shape, big, big, ffi.NULL) == lib.EX_EINVAL
+    assert lib.ex_group_norm(fp(x), ffi.NULL, ffi.NULL, fp(x), 1, 3, 1, 2, 1e-5, 0) == lib.EX_EINVAL
+    assert lib.ex_attention(fp(x), ffi.NULL, fp(x), ffi.NULL, fp(x), ffi.NULL, ffi.NULL, ffi.NULL, fp(x),
+                            1, 3, 2, 1, 1, 1, 1, 1.0, 0) == lib.EX_EINVAL
+
+
+def test_isa_names():
+    import express as ex
+    have = ["generic"] + (["avx2"] if lib.ex_cpu_has_avx2() else []) + (["avx512"] if lib.ex_cpu_has_avx512() else [])
+    before = ex.isa()
+    for name in have:
+        ex.set_isa(name)
+        assert ex.isa() == name
+    ex.set_isa(before)
+    with pytest.raises(ex.ExpressError, match="set_isa"):
+        ex.set_isa("sse9")
