@@ -44,3 +44,5 @@ def eval(*tensors) -> None:
     array([6., 6.], dtype=float32)
     """
     _evaluate(tensors)
+
+from . import onnx  # noqa: E402  (last: the ONNX op table is written with the public API above)

@@ -5,9 +5,10 @@ memory-mapped on load and the file opens without the `onnx` package.
 Weights may be stored int8 (one scale per row) or int4 (one scale per group of `group_size`
 values along the last axis, two values a byte); they are dequantized to float32 on load.
 
->>> import express as ex                                     # doctest: +SKIP
->>> ex.onnx.load("model.onnx").save("model.exm", quant_bits=8)
->>> m = ex.load("model.exm"); m.run({"x": x})
+    import express as ex, express.onnx
+    ex.onnx.load("model.onnx").save("model.exm", quant_bits=8)
+    m = ex.load("model.exm")          # no onnx needed; weights memory-mapped
+    m.run({"x": x})
 """
 from __future__ import annotations
 
