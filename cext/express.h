@@ -152,9 +152,15 @@ typedef struct {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
   int32_t act;               /* ex_act */
   int32_t algo;              /* ex_conv_algo; WINOGRAD takes ex_winograd_weights' output as w */
+  const float *wpack;        /* NULL, or GEMM weights from ex_conv_pack_weights (used when they
+                                were packed for the kernel variant running; w is still required) */
 } ex_conv_params;
 int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
               const float *res, float *y);
+/* GEMM weights packed once into the micro-kernel's panel layout (for the variant in use):
+ * ex_conv_packed_size(p) floats, filled by ex_conv_pack_weights(p, w, out) */
+int64_t ex_conv_packed_size(const ex_conv_params *p);
+int ex_conv_pack_weights(const ex_conv_params *p, const float *w, float *out);
 /* F(4x4, 3x3) weights: u[36][oc][ic] from w[oc][ic][3][3] */
 int ex_winograd_weights(const float *w, float *u, int64_t oc, int64_t ic);
 int ex_conv_transpose2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
@@ -199,11 +205,11 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
                  const int64_t *mask_strides, float *y, int64_t b, int64_t hq, int64_t hk, int64_t lq,
                  int64_t lk, int64_t d, int64_t dv, float scale, int32_t causal);
 
-/* ---- quantized linear: y[m, n] = x[m, k] @ dequant(W)[n, k]^T (+ bias[n]), all float32 but W ----
- * bits 8: W int8 [n, k]; bits 4: W uint8 [n, k / 2], per 32 values 16 bytes, byte j = value j
- * (low nibble) | value j + 16 (high nibble), each stored + 8.  scales float [n, k / group];
- * w = q * scale; group % 32 == 0 and k % group == 0 (else EX_EINVAL).  bias may be NULL.
- * m < 8 quantizes x to int8 per 32 values (integer dot products); larger m dequantizes tiles of
- * W and runs the float32 GEMM.  x and y are contiguous. */
+/* ---- quantized linear: y[m, n] = x[m, k] @ dequant(W)[n, k]^T (+ bias[n]), x/y/bias float32 ----
+ * W group-quantized (int8, or int4 as nibbles + 8), packed by express/ops/quant.py:
+ * rows interleaved by 8 (n8 = n rounded up to 8), chunks of 32 values along k; scales float16
+ * [n8 / 8][k / group][8] (byte layout in cext/kernels/qgemm.c).  group % 32 == 0 and
+ * k % group == 0 (else EX_EINVAL); bias may be NULL.  x is rounded to int8 per 32 values (as
+ * llama.cpp's Q8_0) and every block is an integer dot product.  x and y are contiguous. */
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
-             const float *scales, const float *bias, float *y);
+             const void *scales, const float *bias, float *y);

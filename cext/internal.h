@@ -26,6 +26,8 @@ typedef struct {
   int (*conv2d)(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                 const float *res, float *y);
   int (*winograd_weights)(const float *w, float *u, int64_t oc, int64_t ic);
+  int64_t (*conv_packed_size)(const ex_conv_params *p);
+  int (*conv_pack_weights)(const ex_conv_params *p, const float *w, float *out);
   int (*conv_transpose2d)(const ex_conv_params *p, const float *x, const float *w,
                           const float *bias, float *y);
   int (*pool2d)(int32_t kind, const float *x, float *y, int64_t nc, int64_t h, int64_t w,

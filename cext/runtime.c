@@ -121,6 +121,12 @@ int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const flo
   return K()->conv2d(p, x, w, bias, res, y);
 }
 
+int64_t ex_conv_packed_size(const ex_conv_params *p) { return K()->conv_packed_size(p); }
+
+int ex_conv_pack_weights(const ex_conv_params *p, const float *w, float *out) {
+  return K()->conv_pack_weights(p, w, out);
+}
+
 int ex_winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
   return K()->winograd_weights(w, u, oc, ic);
 }

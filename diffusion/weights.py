@@ -49,17 +49,33 @@ def weight_files(folder, variant: str | None = None) -> list[str]:
                      f"model.safetensors{f', variant {variant!r}' if variant else ''}); it holds {have}")
 
 
+def read_weights(files, dtype=None) -> dict:
+    """name -> Tensor from safetensors files, read one tensor at a time; floating-point tensors
+    are converted to `dtype` as they are read (so fp32 files load into fp16 without a full fp32
+    copy in memory)."""
+    from safetensors import SafetensorError, safe_open
+    target = None if dtype is None else ex.dtypes.as_dtype(dtype).np
+    out = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="np") as st:
+                for k in st.keys():
+                    a = st.get_tensor(k)
+                    if target is not None and a.dtype.kind == "f" and a.dtype != target:
+                        a = a.astype(target)
+                    out[k] = ex.asarray(a)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelError(f"{f!r} is not a readable safetensors file: {e}") from None
+    return out
+
+
 def load_component(module, folder, variant: str | None = None, dtype=None):
     """Load a component's weights into `module` (strict), converting floats to `dtype`."""
-    weights = {}
-    for f in weight_files(folder, variant):
-        weights.update(ex.load(f))
+    weights = read_weights(weight_files(folder, variant), dtype)
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
     try:
         module.load_weights(weights)
     except ModelError as e:
         raise ModelError(f"{os.fspath(folder)!r}: {e}") from None
-    if dtype is not None:
-        module.astype(dtype)
     return module

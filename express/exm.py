@@ -2,8 +2,15 @@
 out like safetensors (8-byte header length, JSON header, aligned raw tensors), so the weights are
 memory-mapped on load and the file opens without the `onnx` package.
 
-Weights may be stored int8 (one scale per row) or int4 (one scale per group of `group_size`
-values along the last axis, two values a byte); they are dequantized to float32 on load.
+With `quant_bits=8` or `4`, weights are stored group-quantized (symmetric, one float32 scale per
+`group_size` values, 32 or 64, along the input axis; int4 two values a byte):
+
+- the weights of MatMul/Gemm (the `express:Linear` nodes of the imported graph) stay packed after
+  loading and run through `express.ops.quant.qlinear`, which expands them inside its kernel
+  (`express:QLinear` nodes); embedding tables read by Gather stay packed too, and only the rows
+  looked up are expanded (`express:QGather`);
+- other float weights of 1024 values or more (convolutions, ...) are stored int8 per row or int4
+  per group and expanded to float32 when the file is loaded.
 
     import express as ex, express.onnx
     ex.onnx.load("model.onnx").save("model.exm", quant_bits=8)
@@ -15,10 +22,12 @@ from __future__ import annotations
 import json
 import os
 import struct
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
 
+from . import dtypes as dt
 from .errors import ModelError
 
 MAGIC = "express.exm"
@@ -32,10 +41,12 @@ _MIN_QUANT = 1024   # float tensors smaller than this stay float
 
 
 # ---- quantization ----
-def quantize(w: np.ndarray, bits: int, group_size: int):
-    """Symmetric int8 (per row) or int4 (per group along the last axis) of a float array."""
+def quantize(w: np.ndarray, bits: int, group_size: int, int8_per_row: bool = True):
+    """Symmetric int8 (per row, or per group) or int4 (per group along the last axis) of a float
+    array: (values int8 (rows, k) or uint8 (rows * k / 2) two a byte, low nibble first; float32
+    scales (rows, k / g); g)."""
     rows = w.reshape(-1, w.shape[-1]).astype(np.float32)
-    g = w.shape[-1] if bits == 8 or w.shape[-1] % group_size else group_size
+    g = w.shape[-1] if bits == 8 and int8_per_row or w.shape[-1] % group_size else group_size
     grouped = rows.reshape(rows.shape[0], -1, g)
     qmax = 127 if bits == 8 else 7
     scale = np.abs(grouped).max(axis=2, keepdims=True) / qmax
@@ -52,6 +63,7 @@ def quantize(w: np.ndarray, bits: int, group_size: int):
 def dequantize(q, scale, shape, bits, g):
     n = int(np.prod(shape))
     if bits == 4:
+        q = np.asarray(q).reshape(-1)
         u = np.empty(q.size * 2, np.int8)
         u[0::2] = (q & 0xF).astype(np.int8) - 8
         u[1::2] = (q >> 4).astype(np.int8) - 8
@@ -60,11 +72,81 @@ def dequantize(q, scale, shape, bits, g):
     return vals.reshape(shape)
 
 
+# ---- packed weights (kept packed in memory after loading) ----
+def _group(k, group_size):
+    return group_size if k % group_size == 0 else 32 if k % 32 == 0 else None
+
+
+def qlinear_layout() -> str:
+    """A tag of the packed layout express.ops.quant writes (files record it; a different one is refused)."""
+    from .ops.quant import quantize_weight
+    q, s = quantize_weight(np.zeros((8, 64), np.float32), 4, 32)
+    return f"q{q.dtype}{list(q.shape)}s{s.dtype}{list(s.shape)}"
+
+
+def pack_graph(g, bits: int, group_size: int, stats: dict):
+    """A copy of graph `g` whose Linear weights and Gather tables are group-quantized, packed, and
+    read by express:QLinear / express:QGather nodes; returns (graph, names of packed tensors)."""
+    from .onnx.ir import Node
+    from .onnx.passes import _uses
+    from .ops.quant import dequantize_weight, quantize_weight
+    uses = _uses(g)
+    inits, nodes, packed = dict(g.initializers), [], set()
+
+    def pack(name, w, table=False):   # w: (rows, k) float; a table: rows stay in order (see quantize)
+        gs = _group(w.shape[1], group_size)
+        if table:
+            q, sc, _ = quantize(w, bits, gs, int8_per_row=False)
+            q = q.reshape(w.shape[0], -1)
+            back = dequantize(q, sc, w.shape, bits, gs)
+        else:
+            q, sc = quantize_weight(w, bits, gs)
+            back = dequantize_weight(q, sc, bits, gs)[:w.shape[0]]
+        err = float(np.abs(back - w).max() / max(float(np.abs(w).max()), 1e-12))
+        stats["max_rel_error"] = max(stats["max_rel_error"], err)
+        stats["quantized"] += 1
+        stats["packed"] += 1
+        stats["float_bytes"] += w.nbytes
+        inits.pop(name, None)
+        inits[name + ".q"], inits[name + ".s"] = q, sc
+        packed.update((name + ".q", name + ".s"))
+        return gs
+
+    gathers = {}
+    for n in g.nodes:
+        if n.op_type == "Gather" and not n.domain and n.inputs[0] in g.initializers and n.attrs.get("axis", 0) == 0:
+            gathers[n.inputs[0]] = gathers.get(n.inputs[0], 0) + 1
+    for n in g.nodes:
+        w = g.initializers.get(n.inputs[1]) if len(n.inputs) > 1 else None
+        if (n.domain == "express" and n.op_type == "Linear" and w is not None and w.ndim == 2
+                and w.dtype in (np.float32, np.float16) and uses.get(n.inputs[1]) == 1 and w.size >= _MIN_QUANT):
+            wt = np.asarray(w, np.float32) if n.attrs.get("wt", 0) else np.asarray(w, np.float32).T
+            if _group(wt.shape[1], group_size):
+                gs = pack(n.inputs[1], np.ascontiguousarray(wt))
+                nodes.append(Node("QLinear", [n.inputs[0], n.inputs[1] + ".q", n.inputs[1] + ".s"] + n.inputs[2:3],
+                                  list(n.outputs), {"bits": bits, "group_size": gs, "out_features": wt.shape[0],
+                                                    "activation": n.attrs.get("activation", "")}, n.name, "express"))
+                continue
+        t = g.initializers.get(n.inputs[0]) if n.inputs else None
+        if (n.op_type == "Gather" and not n.domain and t is not None and t.ndim == 2
+                and t.dtype in (np.float32, np.float16) and t.size >= _MIN_QUANT
+                and gathers.get(n.inputs[0]) == uses.get(n.inputs[0]) and _group(t.shape[1], group_size)):
+            name = n.inputs[0]
+            gs = pack(name, np.asarray(t, np.float32), table=True) if name + ".q" not in inits \
+                else _group(t.shape[1], group_size)
+            nodes.append(Node("QGather", [name + ".q", name + ".s", n.inputs[1]], list(n.outputs),
+                              {"bits": bits, "group_size": gs, "dtype": dt.from_numpy(t.dtype).name}, n.name,
+                              "express"))
+            continue
+        nodes.append(n)
+    return replace(g, nodes=nodes, initializers=inits), packed
+
+
 # ---- graph <-> JSON ----
 class _Writer:
     def __init__(self, bits, group_size):
         self.tensors, self.bits, self.group_size = {}, bits, group_size
-        self.stats = {"quantized": 0, "float_bytes": 0, "max_rel_error": 0.0}
+        self.stats = {"quantized": 0, "packed": 0, "float_bytes": 0, "max_rel_error": 0.0}
 
     def add(self, a: np.ndarray, weight=False) -> dict:
         key = f"t{len(self.tensors)}"
@@ -81,7 +163,7 @@ class _Writer:
             self.stats["float_bytes"] += a.nbytes
             self.tensors[key + ".q"], self.tensors[key + ".s"] = q, scale
             return {"q": key, "bits": self.bits, "group": g, "shape": list(a.shape), "dtype": _ST[a.dtype]}
-        self.tensors[key] = np.ascontiguousarray(a)
+        self.tensors[key] = np.asarray(a, order="C")
         return {"t": key}
 
     def attr(self, v):
@@ -101,9 +183,12 @@ class _Writer:
         raise ModelError(f"exm: cannot store an attribute of type {type(v).__name__}")
 
     def graph(self, g) -> dict:
+        packed = set()
+        if self.bits:
+            g, packed = pack_graph(g, self.bits, self.group_size, self.stats)
         return {"name": g.name,
                 "inputs": [_vi(v) for v in g.inputs], "outputs": [_vi(v) for v in g.outputs],
-                "initializers": {k: self.add(a, weight=True) for k, a in g.initializers.items()},
+                "initializers": {k: self.add(a, weight=k not in packed) for k, a in g.initializers.items()},
                 "nodes": [{"op": n.op_type, "domain": n.domain, "name": n.name, "in": n.inputs, "out": n.outputs,
                            "attrs": {k: self.attr(v) for k, v in n.attrs.items()}} for n in g.nodes]}
 
@@ -160,7 +245,7 @@ class _Reader:
 def write(path, meta: dict, tensors: dict) -> int:
     header, offset, order = {}, 0, []
     for k, a in tensors.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a, order="C")
         if a.dtype not in _ST:
             raise ModelError(f"exm: cannot store a tensor of dtype {a.dtype}")
         pad = (-offset) % 64
@@ -212,7 +297,7 @@ def read(path):
         count = int(np.prod(shape, dtype=np.int64))
         if stop - start != count * np.dtype(npd).itemsize or base + stop > size or start < 0:
             raise ModelError(f"load: {path!r} is truncated or corrupt (tensor {k!r})")
-        arrays[k] = np.memmap(path, npd, "r", base + start, shape) if count else np.zeros(shape, npd)
+        arrays[k] = np.memmap(path, npd, "r", base + start, shape).reshape(shape) if count else np.zeros(shape, npd)
     return meta, arrays
 
 
@@ -220,9 +305,11 @@ def save_model(model, path, quant_bits=None, group_size=64) -> dict:
     """Write an imported model (express.onnx.Model) as .exm; returns sizes and quantization stats."""
     if quant_bits not in (None, 4, 8):
         raise ModelError(f"save: quant_bits must be None, 8 or 4, got {quant_bits!r}")
+    if quant_bits and group_size not in (32, 64):
+        raise ModelError(f"save: group_size must be 32 or 64, got {group_size!r}")
     w = _Writer(quant_bits, group_size)
     g = w.graph(model.ir.graph)
-    meta = {"format": MAGIC, "version": str(VERSION),
+    meta = {"format": MAGIC, "version": str(VERSION), **({"qlinear_layout": qlinear_layout()} if quant_bits else {}),
             "model": json.dumps({"graph": g, "opsets": model.ir.opsets, "producer": model.ir.producer,
                                  "metadata": model.ir.metadata}, separators=(",", ":"))}
     nbytes = write(os.fspath(path), meta, w.tensors)
@@ -236,6 +323,9 @@ def load_model(path):
     meta, arrays = read(path)
     if int(meta.get("version", 0)) > VERSION:
         raise ModelError(f"load: {path!r} is .exm version {meta['version']}; this Express reads up to {VERSION}")
+    if "qlinear_layout" in meta and meta["qlinear_layout"] != qlinear_layout():
+        raise ModelError(f"load: {path!r} holds quantized weights in a packed layout this Express does not read "
+                         f"({meta['qlinear_layout']}); convert the model again")
     try:
         m = json.loads(meta["model"])
         r = _Reader(arrays, os.fspath(path))

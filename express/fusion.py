@@ -5,8 +5,8 @@
     kernel's residual input;
   - an activation (relu, relu6 = clip(0, 6), silu, gelu, sigmoid) after a convolution, linear,
     group norm or batch norm becomes the kernel's epilogue;
-  - a convolution's algorithm is chosen (`ops.nn.choose_conv_algo`) and, for Winograd with
-    constant weights, the weights are transformed once here.
+  - a convolution's algorithm is chosen (`ops.nn.choose_conv_algo`); constant weights are
+    transformed once here for Winograd, or marked to be packed once for the GEMM micro-kernel.
 
 A rewrite only absorbs a producer that has a single consumer and is not a requested output, so
 nothing is computed twice. User tensors are never mutated: rewritten nodes are new Tensors and
@@ -36,8 +36,21 @@ def _act_of(t):
     return None
 
 
-def _const(t):
-    return t._value if t._value is not None else None
+def _const(t, limit=64):
+    """t's value if it is constant: evaluated, or a small lazy subgraph of constants only (e.g.
+    `ones(n)` parameters), which is evaluated here; None when it depends on a placeholder."""
+    if t._value is not None:
+        return t._value
+    stack, seen = [t], set()
+    while stack:
+        u = stack.pop()
+        if id(u) in seen or u._value is not None:
+            continue
+        seen.add(id(u))
+        if u.op is None or len(seen) > limit:
+            return None
+        stack.extend(u.inputs)
+    return t.numpy()
 
 
 def _rebuild(t, inputs, **changes):
@@ -56,12 +69,13 @@ def _fold_bn(conv, cins, bn, bins):
     vals = [_const(t) for t in (w, mean, var) + tuple(t for t in (b, g, beta) if t is not None)]
     if any(v is None for v in vals):
         return None
-    s = 1.0 / np.sqrt(np.asarray(var._value, np.float64) + bn.attrs["eps"])
+    v = lambda t: np.asarray(_const(t), np.float64)  # noqa: E731
+    s = 1.0 / np.sqrt(v(var) + bn.attrs["eps"])
     if g is not None:
-        s = s * g._value
-    w2 = (np.asarray(w._value, np.float64) * s[:, None, None, None]).astype(np.float32)
-    b0 = np.asarray(b._value, np.float64) if b is not None else 0.0
-    b2 = ((b0 - mean._value) * s + (beta._value if beta is not None else 0.0)).astype(np.float32)
+        s = s * v(g)
+    w2 = (v(w) * s[:, None, None, None]).astype(np.float32)
+    b0 = v(b) if b is not None else 0.0
+    b2 = ((b0 - v(mean)) * s + (v(beta) if beta is not None else 0.0)).astype(np.float32)
     return [x, constant(w2), constant(np.ascontiguousarray(b2))]
 
 
@@ -75,8 +89,10 @@ def _winograd(conv, ins):
     if algo == "auto":
         algo = _nn.choose_conv_algo(x.shape[1], conv.shape[1], conv.shape[2], conv.shape[3], tuple(w.shape[2:]),
                                     a["stride"], a["dilation"], a["groups"])
-    if algo != "winograd" or w._value is None:
+    if w._value is None:
         return None
+    if algo != "winograd":  # GEMM / depthwise: constant GEMM weights are packed once at prepare
+        return None if a.get("prepack") or algo == "depthwise" else _rebuild(conv, ins, algo=algo, prepack=True)
     u = _WINO_CACHE.get(w)
     if u is None:
         u = _WINO_CACHE[w] = constant(_nn.winograd_weights(w._value))
@@ -141,7 +157,7 @@ def fuse_kernels(nodes: list, canon: dict, roots) -> list:
         out.append(new)
     result = []
     for t in out:
-        if id(t) in dead:
+        if id(t) in dead or t._value is not None:  # absorbed, or evaluated as a constant above
             continue
         if t.op is _nn.CONV2D:
             w = _winograd(t, [res(i) for i in t.inputs])

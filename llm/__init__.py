@@ -1,9 +1,11 @@
 """LLM runtime on Express: Llama, Qwen2/2.5, Qwen3, Mistral and GLM-4 from Hugging Face folders,
 int8/int4 weights dequantized inside the GEMM, LoRA merged or switched at run time.
 
->>> import llm                                  # doctest: +SKIP
->>> m = llm.load("Qwen2.5-0.5B-Instruct", quant_bits=4)
->>> m.chat([{"role": "user", "content": "Hi"}], max_new_tokens=16)
+Usage (with a model folder)::
+
+    import llm
+    m = llm.load("Qwen2.5-0.5B-Instruct", quant_bits=4)
+    print(m.chat([{"role": "user", "content": "Hi"}], max_new_tokens=16))
 """
 from __future__ import annotations
 

@@ -66,8 +66,8 @@ class ModelConfig:
             if "type" in rope and "rope_type" not in rope:
                 rope["rope_type"] = rope.pop("type")
             theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-            prf = rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", fam.pop("partial_rotary_factor", 1.0)))
-            fam.pop("partial_rotary_factor", None)
+            prf = fam.pop("partial_rotary_factor", 1.0)
+            prf = rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", prf))
             bias = cfg.get("attention_bias")
             if fam["family"] in ("llama", "mistral", "qwen3") and bias:
                 fam["qkv_bias"] = fam["o_bias"] = True

@@ -11,7 +11,7 @@ import express as ex
 import express.nn as nn
 from express import ModelError
 
-from .config import ModelConfig, read_config
+from .config import read_config
 from .model import CausalLM
 from .weights import load_folder, read_safetensors
 
@@ -43,8 +43,8 @@ def assign(model: CausalLM, weights: dict, where: str):
 
 def tie(model: CausalLM):
     if model.config.tie_word_embeddings:
-        head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
-        head.weight = model.model.embed_tokens.weight
+        head = nn.Linear.__new__(nn.Linear)
+        head.weight, head.bias = model.model.embed_tokens.weight, None
         model._tied["head"] = head
 
 
@@ -115,11 +115,11 @@ def load_exported(folder):
     w = read_safetensors(os.path.join(folder, "model.safetensors"))
     bits, gs = meta.get("quant_bits"), meta.get("group_size")
 
-    def packed(name):
+    def packed(name, n):
         return QuantizedLinear(ex.asarray(w[name + ".qweight"]), ex.asarray(w[name + ".scales"]),
-                               ex.asarray(_f32(w[name + ".bias"])) if name + ".bias" in w else None, bits, gs)
+                               ex.asarray(_f32(w[name + ".bias"])) if name + ".bias" in w else None, bits, gs, n)
     if bits:
-        replace_linears(model, lambda name, lin: packed(name) if name + ".qweight" in w else None)
+        replace_linears(model, lambda name, lin: packed(name, lin.weight.shape[0]) if name + ".qweight" in w else None)
     tied_q = bool(bits) and cfg.tie_word_embeddings
     if tied_q:
         model.model.embed_tokens.weight = ex.zeros((0, cfg.hidden_size))
@@ -131,7 +131,7 @@ def load_exported(folder):
         if not k.endswith((".qweight", ".scales")):
             model._set(k, ex.asarray(_f32(w[k])))
     if tied_q:
-        model._tied["head"] = packed("model.embed_tokens")
+        model._tied["head"] = packed("model.embed_tokens", cfg.vocab_size)
         return model, quantized_embed(model._tied["head"]), read_tokenizer(folder), read_generation_config(folder)
     tie(model)
     e = w["model.embed_tokens.weight"]

@@ -16,6 +16,15 @@ import express.nn.functional as F
 from . import rope
 from .config import ModelConfig
 
+def _linear(n_in, n_out, bias):
+    """A Linear of the right shapes whose weights are lazy placeholders (no memory, no random
+    init): loading sets the real ones."""
+    lin = nn.Linear.__new__(nn.Linear)
+    lin.weight = ex.zeros((n_out, n_in))
+    lin.bias = ex.zeros((n_out,)) if bias else None
+    return lin
+
+
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, "tanh")}
 
 
@@ -35,10 +44,10 @@ class Attention(nn.Module):
     def __init__(self, c: ModelConfig):
         self.c = c
         d, hd = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
-        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=c.o_bias)
+        self.q_proj = _linear(d, c.num_heads * hd, c.qkv_bias)
+        self.k_proj = _linear(d, c.num_kv_heads * hd, c.qkv_bias)
+        self.v_proj = _linear(d, c.num_kv_heads * hd, c.qkv_bias)
+        self.o_proj = _linear(c.num_heads * hd, d, c.o_bias)
         if c.qk_norm:
             self.q_norm = nn.RMSNorm(hd, c.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, c.rms_norm_eps)
@@ -64,11 +73,11 @@ class MLP(nn.Module):
         self.act = _ACTS[c.hidden_act]
         d, f = c.hidden_size, c.intermediate_size
         if c.fused_gate_up:
-            self.gate_up_proj = nn.Linear(d, 2 * f, bias=c.mlp_bias)
+            self.gate_up_proj = _linear(d, 2 * f, c.mlp_bias)
         else:
-            self.gate_proj = nn.Linear(d, f, bias=c.mlp_bias)
-            self.up_proj = nn.Linear(d, f, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(f, d, bias=c.mlp_bias)
+            self.gate_proj = _linear(d, f, c.mlp_bias)
+            self.up_proj = _linear(d, f, c.mlp_bias)
+        self.down_proj = _linear(f, d, c.mlp_bias)
 
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
@@ -100,7 +109,8 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, c: ModelConfig):
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens = nn.Embedding.__new__(nn.Embedding)
+        self.embed_tokens.weight = ex.zeros((c.vocab_size, c.hidden_size))  # a placeholder until loaded
         self.layers = [Block(c) for _ in range(c.num_layers)]
         self.norm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -112,7 +122,7 @@ class CausalLM(nn.Module):
         self.config = c
         self.model = Decoder(c)
         if not c.tie_word_embeddings:
-            self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+            self.lm_head = _linear(c.hidden_size, c.vocab_size, False)
         self._rope = None
         self._tied = {}  # the LM head over the embedding when tied (kept out of the parameter tree)
 

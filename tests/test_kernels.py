@@ -77,7 +77,8 @@ def conv(x, w, oc, k, stride, pad, algo, act="none", bias=None, res=None):
     return rc, y
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 4, 4, 1), (1, 8, 7, 7, 5), (2, 16, 17, 9, 33), (1, 64, 28, 28, 64)])
+@pytest.mark.parametrize("shape", [(1, 1, 4, 4, 1), (1, 8, 7, 7, 5), (2, 16, 17, 9, 33), (1, 64, 28, 28, 64),
+                                   (2, 8, 33, 64, 7), (1, 16, 61, 40, 9)])
 def test_winograd_within_1e4_of_direct(shape, isa, threads):
     n, c, h, w, oc = shape
     x, wt, b = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc)
@@ -88,6 +89,15 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
     rc, y2 = conv(x, wt, oc, 3, 1, 1, "gemm", bias=b)
     assert rc == 0
     assert np.abs(y2 - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("hw", [5, 7, 14])
+def test_conv_small_spatial_transposed_gemm(hw, isa, threads):
+    """Few output positions and many channels: the GEMM runs transposed, then the epilogue."""
+    x, w, b, r = rnd(2, 32, hw, hw), rnd(96, 32, 3, 3), rnd(96), rnd(2, 96, hw, hw)
+    rc, y = conv(x, w, 96, 3, 1, 1, "gemm", "relu", b, r)
+    assert rc == 0
+    np.testing.assert_allclose(y, np.maximum(conv2d_ref(x, w, b, pads=(1, 1, 1, 1)) + r, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_conv_epilogue_and_validation(isa):

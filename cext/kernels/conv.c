@@ -67,6 +67,11 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
                      p->pw == 0 && p->oh == p->h && p->ow == p->w;
   float *col = direct ? NULL : malloc((size_t)(K * N) * sizeof(float));
   if (!direct && !col) return EX_ENOMEM;
+  /* tile fill of the two orientations: N along NR-wide tiles, or along MR-high ones */
+  const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
+  const int packed = packed_a_for(p->wpack, ocg, K) != NULL;
+  float *tr = !packed && N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05
+                  ? malloc((size_t)(N * ocg) * sizeof(float)) : NULL;
   int err = EX_OK;
   for (int64_t b = 0; b < p->n && !err; b++)
     for (int64_t g = 0; g < G && !err; g++) {
@@ -78,10 +83,32 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
         B = col;
       }
       const int64_t yo = (b * p->oc + g * ocg) * N;
+      if (tr) { /* small N: T[N, ocg] = B^T @ W^T fills the MR x NR tiles better; then transpose */
+        err = sgemm_ep(B, 1, N, w + g * ocg * K, EX_F32, 1, K, tr, ocg, N, ocg, K, &EPI_NONE);
+        for (int64_t o0 = 0; o0 < ocg && !err; o0 += 16) { /* blocked transpose, then epilogue */
+          const int64_t no = EX_MIN(16, ocg - o0);
+          for (int64_t j = 0; j < N; j++)
+            for (int64_t o = 0; o < no; o++) y[yo + (o0 + o) * N + j] = tr[j * ocg + o0 + o];
+          for (int64_t o = o0; o < o0 + no; o++) {
+            float *yr = y + yo + o * N;
+            const float bv = bias ? bias[g * ocg + o] : 0.0f;
+            for (int64_t j = 0; j < N; j++) yr[j] += bv;
+            if (res)
+              for (int64_t j = 0; j < N; j++) yr[j] += res[yo + o * N + j];
+            act_row(p->act, yr, N);
+          }
+        }
+        continue;
+      }
       const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo : NULL, N, p->act};
-      err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, N, 1, y + yo, N, ocg, N, K, &ep);
+      if (packed)
+        err = sgemm_run(NULL, p->wpack + g * packed_a_floats(ocg, K) + PACK_HDR, K, 1, B, EX_F32, N,
+                        1, y + yo, N, ocg, N, K, &ep);
+      else
+        err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, N, 1, y + yo, N, ocg, N, K, &ep);
     }
   free(col);
+  free(tr);
   return err;
 }
 
@@ -114,6 +141,31 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
       for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = 0.0f;
     }
     const float bv = g->bias ? g->bias[ch] : 0.0f;
+    if (p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1 && (p->sw == 1 || p->sw == 2)) {
+      /* 3x3: all nine taps in one pass over the output row */
+      const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],
+                  w7 = wc[7], w8 = wc[8];
+      for (int64_t oy = 0; oy < p->oh; oy++) {
+        const float *r0 = pad + oy * p->sh * PW, *r1 = r0 + PW, *r2 = r1 + PW;
+        float *yr = g->y + (q * p->oh + oy) * p->ow;
+        if (p->sw == 1)
+          for (int64_t ox = 0; ox < p->ow; ox++)
+            yr[ox] = bv + ((w0 * r0[ox] + w1 * r0[ox + 1] + w2 * r0[ox + 2]) +
+                           (w3 * r1[ox] + w4 * r1[ox + 1] + w5 * r1[ox + 2]) +
+                           (w6 * r2[ox] + w7 * r2[ox + 1] + w8 * r2[ox + 2]));
+        else
+          for (int64_t ox = 0; ox < p->ow; ox++)
+            yr[ox] = bv + ((w0 * r0[2 * ox] + w1 * r0[2 * ox + 1] + w2 * r0[2 * ox + 2]) +
+                           (w3 * r1[2 * ox] + w4 * r1[2 * ox + 1] + w5 * r1[2 * ox + 2]) +
+                           (w6 * r2[2 * ox] + w7 * r2[2 * ox + 1] + w8 * r2[2 * ox + 2]));
+        if (g->res) {
+          const float *rr = g->res + (q * p->oh + oy) * p->ow;
+          for (int64_t ox = 0; ox < p->ow; ox++) yr[ox] += rr[ox];
+        }
+        act_row(p->act, yr, p->ow);
+      }
+      continue;
+    }
     for (int64_t oy = 0; oy < p->oh; oy++) {
       for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] = bv;
       for (int64_t i = 0; i < p->kh; i++) {
@@ -149,7 +201,7 @@ static int conv_depthwise(const ex_conv_params *p, const float *x, const float *
 }
 
 /* ---- Winograd F(4x4, 3x3) ---- */
-#define WT 128 /* tiles per block (a multiple of 8) */
+#define WT 256 /* tiles per block (a multiple of 8) */
 
 /* U[36][oc][ic] = G g G^T for every 3x3 kernel g = w[o][i] */
 static int winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
@@ -194,11 +246,41 @@ static int winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
     o[3] = (m1 - m2) + 8 * (m3 - m4) + m5;        \
   } while (0)
 
+#ifdef EX_AVX2
+/* 8 tiles x 4 consecutive floats (s[4l + q]) -> 4 vectors, lane l of vector q = s[4l + q] */
+static inline void wg_deint4(const float *s, __m256 *q) {
+  const __m256 v0 = _mm256_loadu_ps(s), v1 = _mm256_loadu_ps(s + 8), v2 = _mm256_loadu_ps(s + 16),
+               v3 = _mm256_loadu_ps(s + 24);
+  const __m256 a = _mm256_permute2f128_ps(v0, v2, 0x20), b = _mm256_permute2f128_ps(v0, v2, 0x31),
+               c = _mm256_permute2f128_ps(v1, v3, 0x20), d = _mm256_permute2f128_ps(v1, v3, 0x31);
+  const __m256 t0 = _mm256_unpacklo_ps(a, b), t1 = _mm256_unpackhi_ps(a, b),
+               t2 = _mm256_unpacklo_ps(c, d), t3 = _mm256_unpackhi_ps(c, d);
+  q[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+  q[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+  q[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+  q[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
+/* the inverse: 4 vectors -> 32 floats, d[4l + q] = lane l of vector q */
+static inline void wg_int4(const __m256 *q, float *d) {
+  const __m256 t0 = _mm256_unpacklo_ps(q[0], q[1]), t1 = _mm256_unpackhi_ps(q[0], q[1]),
+               t2 = _mm256_unpacklo_ps(q[2], q[3]), t3 = _mm256_unpackhi_ps(q[2], q[3]);
+  const __m256 a = _mm256_shuffle_ps(t0, t2, 0x44), b = _mm256_shuffle_ps(t0, t2, 0xEE),
+               c = _mm256_shuffle_ps(t1, t3, 0x44), e = _mm256_shuffle_ps(t1, t3, 0xEE);
+  /* a = tiles {0, 4}, b = {1, 5}, c = {2, 6}, e = {3, 7} */
+  _mm256_storeu_ps(d, _mm256_permute2f128_ps(a, b, 0x20));
+  _mm256_storeu_ps(d + 8, _mm256_permute2f128_ps(c, e, 0x20));
+  _mm256_storeu_ps(d + 16, _mm256_permute2f128_ps(a, b, 0x31));
+  _mm256_storeu_ps(d + 24, _mm256_permute2f128_ps(c, e, 0x31));
+}
+#endif
+
 typedef struct {
   const ex_conv_params *p;
   const float *x, *u, *bias, *res;
   float *y;
   int64_t tw, th, T, total, tb, tbp; /* tiles per row/column/image, all tiles, tiles per block */
+  const float *xp;                   /* NULL, or the input zero-padded to (4 th + 2) x xpw */
+  int64_t xpw;
   _Atomic int err;
 } wg_ctx;
 
@@ -217,11 +299,32 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
       ix0[l] = tt % g->tw * 4 - p->pw;
       inside[l] = iy0[l] >= 0 && ix0[l] >= 0 && iy0[l] + 6 <= p->h && ix0[l] + 6 <= p->w;
     }
+    /* fast: 8 tiles of one tile row, read from the padded copy with in-register transposes */
+#ifdef EX_AVX2
+    const int row8 = g->xp && j + 8 <= nt && ib[0] == ib[7] && iy0[0] == iy0[7] && ix0[7] == ix0[0] + 28;
+#endif
     for (int64_t c = 0; c < C; c++) {
       cv8 d[6][6], t[6][6];
+#ifdef EX_AVX2
+      if (row8) {
+        const float *s0 = g->xp + ((ib[0] * C + c) * (4 * g->th + 2) + iy0[0] + p->ph) * g->xpw + ix0[0] + p->pw;
+        for (int r = 0; r < 6; r++) {
+          __m256 q4[4], h4[4];
+          wg_deint4(s0 + r * g->xpw, q4);
+          wg_deint4(s0 + r * g->xpw + 4, h4);
+          for (int q = 0; q < 4; q++) memcpy(&d[r][q], &q4[q], sizeof(cv8));
+          memcpy(&d[r][4], &h4[0], sizeof(cv8));
+          memcpy(&d[r][5], &h4[1], sizeof(cv8));
+        }
+      } else
+#endif
       for (int l = 0; l < 8; l++) {
         const float *xc = g->x + (ib[l] * C + c) * HW;
-        if (inside[l]) {
+        if (g->xp) {
+          const float *s = g->xp + ((ib[l] * C + c) * (4 * g->th + 2) + iy0[l] + p->ph) * g->xpw + ix0[l] + p->pw;
+          for (int r = 0; r < 6; r++)
+            for (int q = 0; q < 6; q++) d[r][q][l] = s[r * g->xpw + q];
+        } else if (inside[l]) {
           const float *s = xc + iy0[l] * p->w + ix0[l];
           for (int r = 0; r < 6; r++)
             for (int q = 0; q < 6; q++) d[r][q][l] = s[r * p->w + q];
@@ -266,6 +369,27 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
         for (int q = 0; q < 4; q++) memcpy(out[r][q], &r4[q], sizeof(cv8));
       }
       const float bv = g->bias ? g->bias[o] : 0.0f;
+#ifdef EX_AVX2
+      {
+        const int64_t t = t0 + j, tt = t % g->T, b = t / g->T, oy0 = tt / g->tw * 4, ox0 = tt % g->tw * 4;
+        const int64_t t7 = t + 7, tt7 = t7 % g->T;
+        if (j + 8 <= nt && t7 / g->T == b && tt7 / g->tw * 4 == oy0 && ox0 + 32 <= p->ow) {
+          for (int r = 0; r < 4 && oy0 + r < p->oh; r++) {
+            __m256 q4[4];
+            float row[32];
+            for (int q = 0; q < 4; q++) memcpy(&q4[q], &out[r][q], sizeof(cv8));
+            wg_int4(q4, row);
+            const int64_t off = (b * O + o) * OHW + (oy0 + r) * p->ow + ox0;
+            for (int e = 0; e < 32; e++) row[e] += bv;
+            if (g->res)
+              for (int e = 0; e < 32; e++) row[e] += g->res[off + e];
+            act_row(p->act, row, 32);
+            memcpy(g->y + off, row, sizeof row);
+          }
+          continue;
+        }
+      }
+#endif
       for (int l = 0; l < 8 && j + l < nt; l++) {
         const int64_t t = t0 + j + l, tt = t % g->T, b = t / g->T;
         const int64_t oy0 = tt / g->tw * 4, ox0 = tt % g->tw * 4;
@@ -298,17 +422,32 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
       p->groups != 1)
     return EX_EINVAL;
-  wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, 0};
+  wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
-  int64_t tb = (int64_t)(1 << 20) / (144 * (p->c + p->oc));
-  tb = EX_MAX(16, EX_MIN(WT, tb)) / 8 * 8;
+  int64_t tb = WT; /* each of the 36 GEMMs streams its slice of V and M once: favour wide N */
   const int nt = ex_pool_width();
   if (g.total < tb * nt) tb = EX_MAX(8, ROUND_UP((g.total + nt - 1) / nt, 8));
   g.tb = EX_MIN(tb, ROUND_UP(g.total, 8));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
   const int64_t nblk = (g.total + g.tb - 1) / g.tb;
+  float *xp = NULL;
+#ifdef EX_AVX2
+  { /* zero-padded input: every tile reads in bounds (+8 floats of slack per row) */
+    const int64_t ph = 4 * g.th + 2;
+    g.xpw = 4 * g.tw + 2 + 8;
+    xp = calloc((size_t)(p->n * p->c * ph * g.xpw), sizeof(float));
+    if (xp) {
+      for (int64_t q = 0; q < p->n * p->c; q++)
+        for (int64_t iy = 0; iy < p->h && iy + p->ph < ph; iy++)
+          memcpy(xp + (q * ph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
+                 (size_t)EX_MIN(p->w, g.xpw - p->pw) * sizeof(float));
+      g.xp = xp;
+    }
+  }
+#endif
   ex_parallel_for(nblk, 1, wg_task, &g);
+  free(xp);
   return g.err;
 }
 
@@ -367,6 +506,22 @@ static int conv_transpose2d(const ex_conv_params *p, const float *x, const float
     }
   free(col);
   return err;
+}
+
+/* GEMM weights, per group, in sgemm_run's packed layout */
+static int64_t conv_packed_size(const ex_conv_params *p) {
+  if (conv_check(p)) return 0;
+  return p->groups * packed_a_floats(p->oc / p->groups, p->c / p->groups * p->kh * p->kw);
+}
+
+static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out) {
+  int err = conv_check(p);
+  if (err) return err;
+  if (!w || !out) return EX_EINVAL;
+  const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
+  for (int64_t g = 0; g < p->groups; g++)
+    gemm_pack_a(w + g * ocg * K, K, ocg, K, out + g * packed_a_floats(ocg, K));
+  return EX_OK;
 }
 
 static int conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,

@@ -15,7 +15,7 @@
 #ifdef EX_AVX512
 #define MR 14
 #define NR 32
-#define KC 384
+#define KC 256
 #define MC 168
 #else
 #define MR 6
@@ -92,6 +92,8 @@ static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t rs, int64_t c
     if (mr == MR && cs == 1) {
       for (int i = 0; i < MR; i++)
         for (int64_t p = 0; p < kc; p++) ap[p * MR + i] = s[i * rs + p];
+    } else if (mr == MR && rs == 1) {
+      for (int64_t p = 0; p < kc; p++) memcpy(ap + p * MR, s + p * cs, MR * sizeof(float));
     } else {
       for (int64_t p = 0; p < kc; p++)
         for (int i = 0; i < MR; i++) ap[p * MR + i] = i < mr ? s[i * rs + p * cs] : 0.0f;
@@ -224,6 +226,7 @@ typedef struct {
   float *c;
   int64_t ars, acs, brs, bcs, ldc, m, n, k;
   const epi_t *ep;
+  const float *apk; /* NULL, or all of A pre-packed (gemm_pack_a) */
   int64_t parts; /* ranges the work was split into */
   int split_n;   /* ranges are of columns (else of rows) */
   _Atomic int err;
@@ -234,9 +237,14 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   const int64_t k = g->k, ldc = g->ldc;
   const int64_t kmax = EX_MIN(KC, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
                 nmax = EX_MIN(NC, ROUND_UP(j1 - j0, NR));
-  float *ap = aligned_alloc(64, (size_t)ROUND_UP(mmax * kmax * 4, 64));
-  float *bp = aligned_alloc(64, (size_t)ROUND_UP(nmax * kmax * 4, 64));
-  if (!ap || !bp) { free(ap); free(bp); return EX_ENOMEM; }
+  /* packing buffers: per thread, kept between calls (small products pay no allocation) */
+  static _Thread_local float *tl_ap, *tl_bp;
+  static _Thread_local size_t tl_an, tl_bn;
+  const size_t an = (size_t)ROUND_UP(mmax * kmax * 4, 64), bn = (size_t)ROUND_UP(nmax * kmax * 4, 64);
+  if (an > tl_an) { free(tl_ap); tl_ap = aligned_alloc(64, an); tl_an = tl_ap ? an : 0; }
+  if (bn > tl_bn) { free(tl_bp); tl_bp = aligned_alloc(64, bn); tl_bn = tl_bp ? bn : 0; }
+  float *ap = tl_ap, *bp = tl_bp;
+  if (!ap || !bp) return EX_ENOMEM;
   float edge[MR * NR] __attribute__((aligned(64)));
   for (int64_t jc = j0; jc < j1; jc += NC) {
     const int64_t nc = EX_MIN(NC, j1 - jc);
@@ -246,13 +254,21 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
       pack_b(kc, nc, g->b, g->bdt, pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
       for (int64_t ic = i0; ic < i1; ic += MC) {
         const int64_t mc = EX_MIN(MC, i1 - ic);
-        pack_a(mc, kc, g->a + ic * g->ars + pc * g->acs, g->ars, g->acs, ap);
+        const float *apc = ap;
+        if (g->apk) apc = g->apk + pc * ROUND_UP(g->m, MR) + ic * kc;
+        else pack_a(mc, kc, g->a + ic * g->ars + pc * g->acs, g->ars, g->acs, ap);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int64_t nr = EX_MIN(NR, nc - jr);
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
-            const float *pa = ap + ir * kc, *pb = bp + jr * kc;
+            const float *pa = apc + ir * kc, *pb = bp + jr * kc;
+            if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
+              for (int64_t i = 0; i < mr; i++) {
+                const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
+                __builtin_prefetch(rr, 0, 3);
+                __builtin_prefetch(rr + nr - 1, 0, 3);
+              }
             if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
             } else { /* partial tile through a buffer */
@@ -267,8 +283,6 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
       }
     }
   }
-  free(ap);
-  free(bp);
   return EX_OK;
 }
 
@@ -357,10 +371,32 @@ static inline float hsum8(__m256 v) {
 #endif
 
 /* 4 rows of A (ai) against 4 rows of W (starting at element offsets wo), out[i][j] */
-static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo, float out[4][4]) {
+static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo, float out[4][4], int64_t ni) {
   const int64_t k = g->k;
   int64_t p = 0;
 #ifdef EX_AVX2
+  if (ni == 1) { /* one row of A (GEMV): 4 weight rows, two accumulator sets for latency */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const float *x0 = ai[0];
+    for (; p + 16 <= k; p += 16) {
+      const __m256 x = _mm256_loadu_ps(x0 + p), y = _mm256_loadu_ps(x0 + p + 8);
+      a0 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[0] + p), a0);
+      a1 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[1] + p), a1);
+      a2 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[2] + p), a2);
+      a3 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[3] + p), a3);
+      b0 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[0] + p + 8), b0);
+      b1 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[1] + p + 8), b1);
+      b2 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[2] + p + 8), b2);
+      b3 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[3] + p + 8), b3);
+    }
+    out[0][0] = hsum8(_mm256_add_ps(a0, b0));
+    out[0][1] = hsum8(_mm256_add_ps(a1, b1));
+    out[0][2] = hsum8(_mm256_add_ps(a2, b2));
+    out[0][3] = hsum8(_mm256_add_ps(a3, b3));
+    for (; p < k; p++)
+      for (int j = 0; j < 4; j++) out[0][j] += x0[p] * ld_w(g->w, g->wdt, wo[j] + p);
+    return;
+  }
   __m256 acc[4][4];
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
@@ -411,12 +447,34 @@ static void skinny_task(void *vctx, int64_t b0, int64_t b1) {
       const float *ai[4];
       for (int i = 0; i < 4; i++) ai[i] = g->a + (ib + EX_MIN(i, ni - 1)) * g->lda;
       float out[4][4];
-      sk_block(g, ai, wo, out);
+      sk_block(g, ai, wo, out, ni);
       for (int64_t i = 0; i < ni; i++)
         for (int64_t j = 0; j < nj; j++) g->c[(ib + i) * g->ldc + jb + j] = out[i][j];
       epi_tile(g->ep, g->c + ib * g->ldc + jb, g->ldc, ib, jb, ni, nj);
     }
   }
+}
+
+static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
+                     int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t m,
+                     int64_t n, int64_t k, const epi_t *ep);
+
+/* A [m, k] (row stride lda) packed for sgemm_run: per KC block, all MR-row panels; after a
+ * 16-float header (MR, KC, m, k) that tells whether this variant packed it */
+#define PACK_HDR 16
+static int64_t packed_a_floats(int64_t m, int64_t k) { return PACK_HDR + ROUND_UP(m, MR) * k; }
+static void gemm_pack_a(const float *a, int64_t lda, int64_t m, int64_t k, float *out) {
+  memset(out, 0, PACK_HDR * sizeof(float));
+  out[0] = MR; out[1] = KC; out[2] = (float)m; out[3] = (float)k;
+  float *dst = out + PACK_HDR;
+  for (int64_t pc = 0; pc < k; pc += KC) {
+    const int64_t kc = EX_MIN(KC, k - pc);
+    pack_a(m, kc, a + pc, lda, 1, dst);
+    dst += ROUND_UP(m, MR) * kc;
+  }
+}
+static const float *packed_a_for(const float *pk, int64_t m, int64_t k) {
+  return pk && pk[0] == MR && pk[1] == KC && pk[2] == (float)m && pk[3] == (float)k ? pk + PACK_HDR : NULL;
 }
 
 /* C (row stride ldc) = A @ B (+ epilogue); B of dtype bdt (f32/f16/bf16) */
@@ -441,7 +499,14 @@ static int sgemm_ep(const float *a, int64_t ars, int64_t acs, const void *b, int
     epi_tile(ep, c, ldc, 0, 0, m, n);
     return EX_OK;
   }
-  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, 1, 1, 0};
+  return sgemm_run(a, NULL, ars, acs, b, bdt, brs, bcs, c, ldc, m, n, k, ep);
+}
+
+/* the packed path; apk: A pre-packed by gemm_pack_a, or NULL */
+static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
+                     int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t m,
+                     int64_t n, int64_t k, const epi_t *ep) {
+  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, 1, 1, 0};
   const int nt = ex_pool_width();
   if (nt > 1 && (double)m * n * k >= 262144.0) {
     const int64_t nb = (n + NR - 1) / NR, mb = (m + MR - 1) / MR;

@@ -15,8 +15,68 @@ typedef struct {
   int64_t h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
 } pool_ctx;
 
+/* Fast path: the plane copied into a padded buffer (-inf for max, 0 for avg), then per output
+ * row a max/sum over the taps with unit (or constant) stride inner loops; avg divides by the
+ * window size clipped as PyTorch does. */
+static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *pad, float *acc) {
+  const int64_t PH = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1,
+                PW = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+  const int mx = g->kind == EX_POOL_MAX;
+  const float fill = mx ? -INFINITY : 0.0f;
+  for (int64_t r = 0; r < PH; r++) {
+    const int64_t iy = r - g->ph;
+    float *d = pad + r * PW;
+    if (iy < 0 || iy >= g->h) { for (int64_t c = 0; c < PW; c++) d[c] = fill; continue; }
+    const int64_t lo = EX_MIN(g->pw, PW), hi = EX_MIN(PW, g->pw + g->w);
+    for (int64_t c = 0; c < lo; c++) d[c] = fill;
+    if (hi > lo) memcpy(d + lo, x + iy * g->w, (size_t)(hi - lo) * sizeof(float));
+    for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = fill;
+  }
+  for (int64_t oy = 0; oy < g->oh; oy++) {
+    for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = fill;
+    for (int64_t i = 0; i < g->kh; i++) {
+      const float *row = pad + (oy * g->sh + i * g->dh) * PW;
+      for (int64_t j = 0; j < g->kw; j++) {
+        const float *s = row + j * g->dw;
+        if (mx) {
+          if (g->sw == 1) for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = nan_max(acc[ox], s[ox]);
+          else if (g->sw == 2) for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = nan_max(acc[ox], s[2 * ox]);
+          else for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = nan_max(acc[ox], s[ox * g->sw]);
+        } else {
+          if (g->sw == 1) for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] += s[ox];
+          else for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] += s[ox * g->sw];
+        }
+      }
+    }
+    float *yr = y + oy * g->ow;
+    if (mx) { memcpy(yr, acc, (size_t)g->ow * sizeof(float)); continue; }
+    const int64_t y0 = oy * g->sh - g->ph;
+    int64_t ye = EX_MIN(y0 + g->kh, g->h + g->ph);
+    const int64_t ph_ = ye - y0, ys = EX_MAX(y0, 0);
+    ye = EX_MIN(ye, g->h);
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+      const int64_t x0 = ox * g->sw - g->pw;
+      int64_t xe = EX_MIN(x0 + g->kw, g->w + g->pw);
+      const int64_t pw_ = xe - x0, xs = EX_MAX(x0, 0);
+      xe = EX_MIN(xe, g->w);
+      const int64_t cnt = g->kind == EX_POOL_AVG ? ph_ * pw_ : (ye - ys) * (xe - xs);
+      yr[ox] = cnt > 0 ? acc[ox] / (float)cnt : 0.0f;
+    }
+  }
+}
+
 static void pool_task(void *vctx, int64_t q0, int64_t q1) {
   const pool_ctx *g = vctx;
+  const int64_t PH = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1,
+                PW = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+  /* the padded plane must cover the input windows (ceil_mode can reach past the padding) */
+  float *pad = g->dh == 1 || g->kind == EX_POOL_MAX ? malloc((size_t)(PH * PW + g->ow) * sizeof(float)) : NULL;
+  if (pad) {
+    for (int64_t q = q0; q < q1; q++)
+      pool_plane_fast(g, g->x + q * g->h * g->w, g->y + q * g->oh * g->ow, pad, pad + PH * PW);
+    free(pad);
+    return;
+  }
   for (int64_t q = q0; q < q1; q++) {
     const float *x = g->x + q * g->h * g->w;
     float *y = g->y + q * g->oh * g->ow;

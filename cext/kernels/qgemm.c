@@ -1,18 +1,23 @@
 /* ex_qgemm: y = x @ dequant(W)^T (+ bias) with int8 or int4 group-quantized W (low-memory mode:
- * W stays packed; it is expanded only inside the kernel).
+ * W stays packed and is expanded only in registers).
  *
- * Weight layout (row n of W, k values, groups of `group` values along k, group % 32 == 0):
- *   int8: int8 q[n][k]; int4: uint8 q[n][k / 2], each run of 32 values in 16 bytes, byte j holding
- *   value j in its low nibble and value j + 16 in its high nibble, stored as q + 8 (ggml's Q4_0
- *   order); scales float s[n][k / group]; w = q * s.
+ * Packed layout, interleaved by 8 rows (n8 = n rounded up to 8; padding rows are zero):
+ *   for each group of 8 rows R and each run of 32 values b along k, one chunk of bytes:
+ *     int8: 256 bytes, 8 steps t of [row r][j] = q[8R + r][32b + 4t + j]        (r < 8, j < 4)
+ *     int4: 128 bytes, 4 steps t of [row r][j] = (q[..][32b + 4t + j] + 8)
+ *                                             | (q[..][32b + 16 + 4t + j] + 8) << 4
+ *   scales: float16 [n8 / 8][k / group][8]; w = q * scale.
+ * A 256-bit load of one step holds 4 consecutive values of 8 rows, so a broadcast of 4 values of
+ * x and one maddubs give 8 rows' partial dot products side by side (no horizontal sums).
  *
- * Few rows (m < QG_SMALL_M, decode): x is quantized to int8 per 32 values (scale max|x| / 127) and
- * each 32-block is an integer dot product (AVX2: maddubs + madd), scaled by both scales, rows of
- * W split over the pool.  More rows (prefill): tiles of QG_NB rows of W are dequantized to float32
- * and multiplied by the f32 GEMM (ex_matmul), tiles split over the pool.
+ * x is quantized to int8 per 32 values (scale max|x| / 127, the Q8_0 scheme), each 32-block is
+ * an integer dot product, scaled by the weight and activation scales in float.  int4 keeps the
+ * unsigned nibbles and subtracts 8 * sum(x) per block; its int16 partial sums cannot overflow
+ * (8 steps * 2 * 15 * 127 < 32768).  Row groups are split over the pool; each task walks its rows
+ * for up to QG_MR rows of x at a time, so a weight chunk is expanded once per QG_MR rows.
  *
- * Its own translation unit: the AVX2 functions carry a target attribute and run only when the
- * selected ISA is AVX2 (ex_isa), so EXPRESS_ISA=generic exercises the portable code. */
+ * Its own translation unit: the AVX2 code carries a target attribute and runs only when the
+ * selected ISA is not generic (ex_isa), so EXPRESS_ISA=generic exercises the portable code. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,232 +27,209 @@
 #include <immintrin.h>
 #endif
 
-#define QG_SMALL_M 8
-#define QG_NB 64
-#define EX_QG_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define QG_MR 4
+#define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct {
   int32_t bits;
   int64_t m, n, k, group;
-  const float *x;
-  const int8_t *xq;   /* m x k quantized activations (small-m path) */
+  const int8_t *xq;   /* m x k quantized activations */
   const float *xs;    /* m x k/32 their scales */
+  const float *xc;    /* m x k/32: 8 * sum(xq) of the block (int4 offset correction) */
   const uint8_t *wq;
-  const float *scales;
+  const uint16_t *scales; /* float16 */
   const float *bias;
   float *y;
   int avx2;
-  int err;
 } qg_ctx;
 
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *xs) {
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *xs, float *xc) {
   for (int64_t i = 0; i < m * (k / 32); i++) {
     const float *v = x + i * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
     const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) {
+      xq[i * 32 + j] = (int8_t)lrintf(v[j] * inv);
+      sum += xq[i * 32 + j];
+    }
     xs[i] = d;
-    for (int j = 0; j < 32; j++) xq[i * 32 + j] = (int8_t)lrintf(v[j] * inv);
+    xc[i] = 8.0f * (float)sum;
   }
 }
 
-/* weight row values of one 32-block as int8 in natural order */
-static inline void unpack32(int bits, const uint8_t *w, int8_t *out) {
-  if (bits == 8) {
-    memcpy(out, w, 32);
+static inline float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+  float f;
+  if (e == 0x1f) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e) {
+    u = sign | ((e + 112) << 23) | (m << 13);
   } else {
-    for (int j = 0; j < 16; j++) {
-      out[j] = (int8_t)((w[j] & 15) - 8);
-      out[j + 16] = (int8_t)((w[j] >> 4) - 8);
-    }
+    f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
+    memcpy(&u, &f, 4);
+    u |= sign;
   }
+  memcpy(&f, &u, 4);
+  return f;
 }
 
-static void small_rows_generic(qg_ctx *c, int64_t n0, int64_t n1) {
-  const int64_t nb = c->k / 32, per_g = c->group / 32, rowb = c->bits == 8 ? c->k : c->k / 2;
-  const int64_t bb = c->bits == 8 ? 32 : 16;
-  int8_t wv[32];
-  for (int64_t j = n0; j < n1; j++) {
-    const uint8_t *w = c->wq + j * rowb;
-    const float *s = c->scales + j * (c->k / c->group);
+static inline int64_t chunk_bytes(int bits) { return bits == 8 ? 256 : 128; }
+
+/* rows [8 * g0, 8 * g1) x all m, portable */
+static void rows_generic(const qg_ctx *c, int64_t g0, int64_t g1) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
+  for (int64_t R = g0; R < g1; R++) {
     for (int64_t i = 0; i < c->m; i++) {
+      float acc[8] = {0};
       const int8_t *xq = c->xq + i * c->k;
-      const float *xs = c->xs + i * nb;
-      float acc = 0.0f;
-      for (int64_t g = 0; g < nb / per_g; g++) {
-        float gacc = 0.0f;
-        for (int64_t b = g * per_g; b < (g + 1) * per_g; b++) {
-          unpack32(c->bits, w + b * bb, wv);
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *w = c->wq + (R * nb + b) * cb;
+        const uint16_t *s = c->scales + (R * ng + b / per_g) * 8;
+        for (int r = 0; r < 8; r++) {
           int32_t d = 0;
-          for (int t = 0; t < 32; t++) d += (int32_t)wv[t] * xq[b * 32 + t];
-          gacc += (float)d * xs[b];
+          if (c->bits == 8) {
+            for (int t = 0; t < 8; t++)
+              for (int j = 0; j < 4; j++) d += (int32_t)(int8_t)w[t * 32 + r * 4 + j] * xq[b * 32 + 4 * t + j];
+          } else {
+            for (int t = 0; t < 4; t++)
+              for (int j = 0; j < 4; j++) {
+                const uint8_t v = w[t * 32 + r * 4 + j];
+                d += ((v & 15) - 8) * xq[b * 32 + 4 * t + j] + ((v >> 4) - 8) * xq[b * 32 + 16 + 4 * t + j];
+              }
+          }
+          acc[r] += (float)d * c->xs[i * nb + b] * half_to_float(s[r]);
         }
-        acc += gacc * s[g];
       }
-      c->y[i * c->n + j] = acc + (c->bias ? c->bias[j] : 0.0f);
+      for (int r = 0; r < 8; r++) {
+        const int64_t row = R * 8 + r;
+        if (row < c->n) c->y[i * c->n + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f);
+      }
     }
   }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static inline __m256i load_w32(int bits, const uint8_t *w) {
-  if (bits == 8) return _mm256_loadu_si256((const __m256i *)w);
-  const __m128i raw = _mm_loadu_si128((const __m128i *)w);
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-  return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+
+AVX2_FN static inline __m256i bcast4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
 }
 
-__attribute__((target("avx2,fma"))) static inline __m256 dot32(__m256i w, __m256i x) {
-  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
-__attribute__((target("avx2,fma"))) static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma"))) static void small_rows_avx2(qg_ctx *c, int64_t n0, int64_t n1) {
-  const int64_t nb = c->k / 32, per_g = c->group / 32, rowb = c->bits == 8 ? c->k : c->k / 2;
-  const int64_t bb = c->bits == 8 ? 32 : 16, ng = c->k / c->group;
-  const int bits = c->bits;
-  if (c->m == 1) {
-    const int8_t *xq = c->xq;
-    const float *xs = c->xs;
-    int64_t j = n0;
-    for (; j + 2 <= n1; j += 2) { /* two weight rows share each activation load */
-      const uint8_t *w0 = c->wq + j * rowb, *w1 = w0 + rowb;
-      const float *s0 = c->scales + j * ng, *s1 = s0 + ng;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-      for (int64_t g = 0, b = 0; g < ng; g++) {
-        const __m256 sg0 = _mm256_set1_ps(s0[g]), sg1 = _mm256_set1_ps(s1[g]);
-        for (int64_t e = b + per_g; b < e; b++) {
-          const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
-          const __m256 xsb = _mm256_set1_ps(xs[b]);
-          _mm_prefetch((const char *)(w0 + (b + 8) * bb), _MM_HINT_T0);
-          _mm_prefetch((const char *)(w1 + (b + 8) * bb), _MM_HINT_T0);
-          a0 = _mm256_fmadd_ps(dot32(load_w32(bits, w0 + b * bb), xv), _mm256_mul_ps(xsb, sg0), a0);
-          a1 = _mm256_fmadd_ps(dot32(load_w32(bits, w1 + b * bb), xv), _mm256_mul_ps(xsb, sg1), a1);
-        }
-      }
-      c->y[j] = hsum(a0) + (c->bias ? c->bias[j] : 0.0f);
-      c->y[j + 1] = hsum(a1) + (c->bias ? c->bias[j + 1] : 0.0f);
+/* 8 rows of group R against MR rows of x starting at i0 */
+AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
+  const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256 acc[QG_MR];
+  for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+  const uint8_t *w = c->wq + R * nb * 128;
+  for (int64_t b = 0; b < nb; b++, w += 128) {
+    _mm_prefetch((const char *)(w + 2048), _MM_HINT_T0);
+    _mm_prefetch((const char *)(w + 2112), _MM_HINT_T0);
+    const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 32)),
+                  r2 = _mm256_loadu_si256((const __m256i *)(w + 64)), r3 = _mm256_loadu_si256((const __m256i *)(w + 96));
+    const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
+                  l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
+    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask), h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
+                  h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask), h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
+    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->scales + (R * ng + b / per_g) * 8)));
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+      __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l1, bcast4(x + 4)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l2, bcast4(x + 8)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l3, bcast4(x + 12)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h0, bcast4(x + 16)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h1, bcast4(x + 20)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
+      const int64_t xb = (i0 + i) * nb + b;
+      const __m256 d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(c->xc[xb]));
+      acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
-    if (j < n1) {
-      qg_ctx one = *c;
-      small_rows_generic(&one, j, n1);
-    }
-    return;
   }
-  __m256 acc[QG_SMALL_M];
-  for (int64_t j = n0; j < n1; j++) {
-    const uint8_t *w = c->wq + j * rowb;
-    const float *s = c->scales + j * ng;
-    for (int64_t i = 0; i < c->m; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0, b = 0; g < ng; g++) {
-      const __m256 sg = _mm256_set1_ps(s[g]);
-      for (int64_t e = b + per_g; b < e; b++) {
-        const __m256i wv = load_w32(bits, w + b * bb);
-        for (int64_t i = 0; i < c->m; i++) {
-          const __m256i xv = _mm256_loadu_si256((const __m256i *)(c->xq + i * c->k + b * 32));
-          acc[i] = _mm256_fmadd_ps(dot32(wv, xv), _mm256_mul_ps(_mm256_set1_ps(c->xs[i * nb + b]), sg), acc[i]);
-        }
-      }
+  for (int i = 0; i < mr; i++) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[i]);
+    for (int r = 0; r < 8; r++) {
+      const int64_t row = R * 8 + r;
+      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
     }
-    for (int64_t i = 0; i < c->m; i++) c->y[i * c->n + j] = hsum(acc[i]) + (c->bias ? c->bias[j] : 0.0f);
   }
 }
 
-__attribute__((target("avx2,fma"))) static void dequant_tile_avx2(int bits, const uint8_t *w, const float *s,
-                                                                   int64_t k, int64_t group, float *out) {
-  const int64_t bb = bits == 8 ? 32 : 16;
-  for (int64_t b = 0; b < k / 32; b++) {
-    const __m256 sc = _mm256_set1_ps(s[b * 32 / group]);
-    const __m256i v = load_w32(bits, w + b * bb);
-    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-    _mm256_storeu_ps(out + b * 32, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), sc));
-    _mm256_storeu_ps(out + b * 32 + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), sc));
-    _mm256_storeu_ps(out + b * 32 + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), sc));
-    _mm256_storeu_ps(out + b * 32 + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), sc));
+AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[QG_MR];
+  for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+  const uint8_t *w = c->wq + R * nb * 256;
+  for (int64_t b = 0; b < nb; b++, w += 256) {
+    __m256i wv[8], wa[8];
+    for (int t = 0; t < 8; t++) {
+      _mm_prefetch((const char *)(w + 1024 + t * 32), _MM_HINT_T0);
+      wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 32));
+      wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
+    }
+    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->scales + (R * ng + b / per_g) * 8)));
+    for (int i = 0; i < mr; i++) {
+      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+      __m256i s = _mm256_setzero_si256();
+      for (int t = 0; t < 8; t++)
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
+      const int64_t xb = (i0 + i) * nb + b;
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
+    }
+  }
+  for (int i = 0; i < mr; i++) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[i]);
+    for (int r = 0; r < 8; r++) {
+      const int64_t row = R * 8 + r;
+      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
+    }
   }
 }
 #endif
 
-static void dequant_tile(qg_ctx *c, int64_t j, float *out) {
-  const int64_t rowb = c->bits == 8 ? c->k : c->k / 2, bb = c->bits == 8 ? 32 : 16;
-  const uint8_t *w = c->wq + j * rowb;
-  const float *s = c->scales + j * (c->k / c->group);
-#if defined(__x86_64__)
-  if (c->avx2) {
-    dequant_tile_avx2(c->bits, w, s, c->k, c->group, out);
-    return;
-  }
-#endif
-  int8_t wv[32];
-  for (int64_t b = 0; b < c->k / 32; b++) {
-    unpack32(c->bits, w + b * bb, wv);
-    const float sc = s[b * 32 / c->group];
-    for (int t = 0; t < 32; t++) out[b * 32 + t] = (float)wv[t] * sc;
-  }
-}
-
-static void small_task(void *ctx, int64_t b, int64_t e) {
-  qg_ctx *c = ctx;
-  b *= 4, e = EX_QG_MIN(e * 4, c->n);
+static void task(void *ctx, int64_t g0, int64_t g1) {
+  const qg_ctx *c = ctx;
 #if defined(__x86_64__)
   if (c->avx2) {
-    small_rows_avx2(c, b, e);
+    /* x rows in blocks of QG_MR (outer) so a task's weights stream once per block of x rows */
+    for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR) {
+      const int mr = (int)QG_MIN(QG_MR, c->m - i0);
+      for (int64_t R = g0; R < g1; R++) {
+        if (c->bits == 4)
+          block_avx2_q4(c, R, i0, mr);
+        else
+          block_avx2_q8(c, R, i0, mr);
+      }
+    }
     return;
   }
 #endif
-  small_rows_generic(c, b, e);
-}
-
-static void tile_task(void *ctx, int64_t t0, int64_t t1) {
-  qg_ctx *c = ctx;
-  float *wt = malloc(sizeof(float) * QG_NB * c->k), *yt = malloc(sizeof(float) * QG_NB * c->m);
-  if (!wt || !yt) {
-    c->err = EX_ENOMEM;
-    free(wt), free(yt);
-    return;
-  }
-  const int64_t one = 1, zero = 0;
-  for (int64_t t = t0; t < t1; t++) {
-    const int64_t j0 = t * QG_NB, nb = EX_QG_MIN(QG_NB, c->n - j0);
-    for (int64_t j = 0; j < nb; j++) dequant_tile(c, j0 + j, wt + j * c->k);
-    /* yt[m, nb] = x[m, k] @ wt^T  (wt is nb x k: element (p, j) at j * k + p) */
-    int rc = ex_matmul(EX_F32, c->x, c->k, 1, wt, 1, c->k, yt, c->m, nb, c->k, 0, &one, &zero, &zero);
-    if (rc) {
-      c->err = rc;
-      break;
-    }
-    for (int64_t i = 0; i < c->m; i++)
-      for (int64_t j = 0; j < nb; j++) c->y[i * c->n + j0 + j] = yt[i * nb + j] + (c->bias ? c->bias[j0 + j] : 0.0f);
-  }
-  free(wt), free(yt);
+  rows_generic(c, g0, g1);
 }
 
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
-             const float *scales, const float *bias, float *y) {
+             const void *scales, const float *bias, float *y) {
   if ((bits != 4 && bits != 8) || m < 0 || n < 0 || k <= 0 || group <= 0 || group % 32 || k % group)
     return EX_EINVAL;
   if (m == 0 || n == 0) return EX_OK;
-  qg_ctx c = {bits, m, n, k, group, x, NULL, NULL, wq, scales, bias, y, ex_isa() != EX_ISA_GENERIC, 0};
-  if (m < QG_SMALL_M) {
-    int8_t *xq = malloc((size_t)(m * k));
-    float *xs = malloc(sizeof(float) * (size_t)(m * k / 32));
-    if (!xq || !xs) {
-      free(xq), free(xs);
-      return EX_ENOMEM;
-    }
-    quantize_rows(x, m, k, xq, xs);
-    c.xq = xq, c.xs = xs;
-    ex_parallel_for((n + 3) / 4, 16, small_task, &c); /* units of 4 rows keep row pairs together */
+  int8_t *xq = malloc((size_t)(m * k));
+  float *xs = malloc(sizeof(float) * (size_t)(2 * m * k / 32));
+  if (!xq || !xs) {
     free(xq), free(xs);
-    return EX_OK;
+    return EX_ENOMEM;
   }
-  ex_parallel_for((n + QG_NB - 1) / QG_NB, 1, tile_task, &c);
-  return c.err;
+  quantize_rows(x, m, k, xq, xs, xs + m * k / 32);
+  qg_ctx c = {bits, m, n, k, group, xq, xs, xs + m * k / 32, wq, scales, bias, y, ex_isa() != EX_ISA_GENERIC};
+  ex_parallel_for((n + 7) / 8, 4, task, &c);
+  free(xq), free(xs);
+  return EX_OK;
 }

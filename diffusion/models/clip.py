@@ -12,6 +12,7 @@ import express.nn.functional as F
 from express import ModelError
 
 from .attention import attention
+from .layers import Embedding, Linear
 
 
 @dataclass
@@ -46,7 +47,7 @@ class _Attention(nn.Module):
     def __init__(self, c: CLIPTextConfig):
         w = c.hidden_size
         self.heads = c.num_attention_heads
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(w, w) for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (Linear(w, w) for _ in range(4))
 
     def forward(self, x):
         return self.out_proj(attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), self.heads, causal=True))
@@ -54,8 +55,8 @@ class _Attention(nn.Module):
 
 class _MLP(nn.Module):
     def __init__(self, c: CLIPTextConfig):
-        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.fc1 = Linear(c.hidden_size, c.intermediate_size)
+        self.fc2 = Linear(c.intermediate_size, c.hidden_size)
         self.act = _act(c.hidden_act)
 
     def forward(self, x):
@@ -75,8 +76,8 @@ class _Layer(nn.Module):
 
 class _Embeddings(nn.Module):
     def __init__(self, c: CLIPTextConfig):
-        self.token_embedding = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position_embedding = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_embedding = Embedding(c.vocab_size, c.hidden_size)
+        self.position_embedding = Embedding(c.max_position_embeddings, c.hidden_size)
 
     def forward(self, ids):
         n = ids.shape[1]

@@ -7,9 +7,29 @@ import numpy as np
 import express as ex
 import express.nn as nn
 import express.nn.functional as F
-from express.nn.module import init_uniform
 
 from .attention import attention
+
+
+def placeholder(shape):
+    """A parameter that holds no memory until evaluated (a lazy zeros node): models are built
+    empty and filled by `load_weights`, so building SD's UNet costs neither time nor RAM."""
+    return ex.zeros(shape)
+
+
+class Linear(nn.Linear):
+    """express.nn.Linear with placeholder parameters (no random init)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        self.weight = placeholder((out_features, in_features))
+        self.bias = placeholder((out_features,)) if bias else None
+
+
+class Embedding(nn.Embedding):
+    """express.nn.Embedding with a placeholder table."""
+
+    def __init__(self, num_embeddings: int, dim: int):
+        self.weight = placeholder((num_embeddings, dim))
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0):
@@ -40,12 +60,11 @@ def _conv2d_im2col(x, w, b, stride, padding):
 
 
 class Conv2d(nn.Module):
-    """weight [out, in, k, k] (PyTorch layout), bias [out]."""
+    """weight [out, in, k, k] (PyTorch layout), bias [out]; placeholders until loaded."""
 
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int = 1, padding: int = 0):
-        fan = cin * kernel_size * kernel_size
-        self.weight = init_uniform((cout, cin, kernel_size, kernel_size), fan)
-        self.bias = init_uniform((cout,), fan)
+        self.weight = placeholder((cout, cin, kernel_size, kernel_size))
+        self.bias = placeholder((cout,))
         self.stride, self.padding = stride, padding
 
     def forward(self, x):
@@ -75,7 +94,7 @@ class ResnetBlock2D(nn.Module):
     def __init__(self, cin: int, cout: int, temb: int | None, groups: int, eps: float, scale: float = 1.0):
         self.norm1 = nn.GroupNorm(groups, cin, eps=eps)
         self.conv1 = Conv2d(cin, cout, 3, padding=1)
-        self.time_emb_proj = nn.Linear(temb, cout) if temb else None
+        self.time_emb_proj = Linear(temb, cout) if temb else None
         self.norm2 = nn.GroupNorm(groups, cout, eps=eps)
         self.conv2 = Conv2d(cout, cout, 3, padding=1)
         self.conv_shortcut = Conv2d(cin, cout, 1) if cin != cout else None
@@ -121,10 +140,10 @@ class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, context_dim: int | None = None, bias: bool = False):
         inner, ctx = heads * head_dim, context_dim or dim
         self.heads = heads
-        self.to_q = nn.Linear(dim, inner, bias=bias)
-        self.to_k = nn.Linear(ctx, inner, bias=bias)
-        self.to_v = nn.Linear(ctx, inner, bias=bias)
-        self.to_out = [nn.Linear(inner, dim)]
+        self.to_q = Linear(dim, inner, bias=bias)
+        self.to_k = Linear(ctx, inner, bias=bias)
+        self.to_v = Linear(ctx, inner, bias=bias)
+        self.to_out = [Linear(inner, dim)]
 
     def forward(self, x, context=None):
         c = x if context is None else context
@@ -133,7 +152,7 @@ class Attention(nn.Module):
 
 class GEGLU(nn.Module):
     def __init__(self, dim: int, inner: int):
-        self.proj = nn.Linear(dim, inner * 2)
+        self.proj = Linear(dim, inner * 2)
 
     def forward(self, x):
         h = self.proj(x)
@@ -143,7 +162,7 @@ class GEGLU(nn.Module):
 
 class FeedForward(nn.Module):
     def __init__(self, dim: int, mult: int = 4):
-        self.net = [GEGLU(dim, dim * mult), Identity(), nn.Linear(dim * mult, dim)]
+        self.net = [GEGLU(dim, dim * mult), Identity(), Linear(dim * mult, dim)]
 
     def forward(self, x):
         return self.net[2](self.net[0](x))
@@ -173,9 +192,9 @@ class Transformer2DModel(nn.Module):
         inner = heads * head_dim
         self.norm = nn.GroupNorm(groups, channels, eps=1e-6)
         self.linear = linear_projection
-        self.proj_in = nn.Linear(channels, inner) if linear_projection else Conv2d(channels, inner, 1)
+        self.proj_in = Linear(channels, inner) if linear_projection else Conv2d(channels, inner, 1)
         self.transformer_blocks = [BasicTransformerBlock(inner, heads, head_dim, context_dim) for _ in range(layers)]
-        self.proj_out = nn.Linear(inner, channels) if linear_projection else Conv2d(inner, channels, 1)
+        self.proj_out = Linear(inner, channels) if linear_projection else Conv2d(inner, channels, 1)
 
     def forward(self, x, context):
         n, c, h, w = x.shape

@@ -12,7 +12,8 @@ import express.nn as nn
 import express.nn.functional as F
 from express import ModelError
 
-from .layers import Conv2d, Downsample2D, ResnetBlock2D, Transformer2DModel, Upsample2D, timestep_embedding
+from .layers import (Conv2d, Downsample2D, Linear, ResnetBlock2D, Transformer2DModel, Upsample2D,
+                     timestep_embedding)
 
 
 @dataclass
@@ -110,9 +111,9 @@ class _MidBlock(nn.Module):
 
 class _TimestepEmbedding(nn.Module):
     def __init__(self, cin, dim, cond_dim=None):
-        self.linear_1 = nn.Linear(cin, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-        self.cond_proj = nn.Linear(cond_dim, cin, bias=False) if cond_dim else None
+        self.linear_1 = Linear(cin, dim)
+        self.linear_2 = Linear(dim, dim)
+        self.cond_proj = Linear(cond_dim, cin, bias=False) if cond_dim else None
 
     def forward(self, x, cond=None):
         if cond is not None and self.cond_proj is not None:

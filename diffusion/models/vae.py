@@ -12,7 +12,7 @@ import express.nn.functional as F
 from express import ModelError
 
 from .attention import attention
-from .layers import Conv2d, Downsample2D, ResnetBlock2D, Upsample2D
+from .layers import Conv2d, Downsample2D, Linear, ResnetBlock2D, Upsample2D
 
 
 @dataclass
@@ -44,8 +44,8 @@ class _SpatialAttention(nn.Module):
 
     def __init__(self, ch, groups):
         self.group_norm = nn.GroupNorm(groups, ch, eps=1e-6)
-        self.to_q, self.to_k, self.to_v = nn.Linear(ch, ch), nn.Linear(ch, ch), nn.Linear(ch, ch)
-        self.to_out = [nn.Linear(ch, ch)]
+        self.to_q, self.to_k, self.to_v = Linear(ch, ch), Linear(ch, ch), Linear(ch, ch)
+        self.to_out = [Linear(ch, ch)]
 
     def forward(self, x):
         n, c, h, w = x.shape

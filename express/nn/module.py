@@ -107,6 +107,12 @@ class Module:
                 self._set(k, y)
         return self
 
+    def quantize(self, bits: int = 4, group_size: int = 64, predicate=None) -> "Module":
+        """Swap the Linear layers for int8/int4 `QuantizedLinear` (weights stay packed, expanded
+        inside the GEMM); see `express.nn.quantized.quantize`."""
+        from .quantized import quantize
+        return quantize(self, bits, group_size, predicate)
+
     def num_parameters(self) -> int:
         return int(sum(v.size for v in self.named_parameters().values()))
 

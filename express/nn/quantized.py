@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops.quant import dequantize_weight, qlinear, quantize_weight
-from ..tensor import Tensor, as_tensor
+from ..tensor import as_tensor
 from .layers import Linear
 from .module import Module
 
@@ -21,23 +21,25 @@ class QuantizedLinear(Module):
     (2, 8)
     """
 
-    def __init__(self, qweight, scales, bias, bits: int, group_size: int, in_features: int | None = None):
+    def __init__(self, qweight, scales, bias, bits: int, group_size: int, out_features: int):
         self.qweight, self.scales = as_tensor(qweight), as_tensor(scales)
         self.bias = None if bias is None else as_tensor(bias)
         self.bits, self.group_size = int(bits), int(group_size)
         self.in_features = self.scales.shape[1] * self.group_size
-        self.out_features = self.scales.shape[0]
+        self.out_features = int(out_features)
 
     @classmethod
     def from_linear(cls, linear: Linear, bits: int = 4, group_size: int = 64) -> "QuantizedLinear":
         q, s = quantize_weight(linear.weight.numpy(), bits, group_size)
-        return cls(q, s, linear.bias, bits, group_size)
+        return cls(q, s, linear.bias, bits, group_size, linear.weight.shape[0])
 
     def dequantized_weight(self) -> np.ndarray:
-        return dequantize_weight(self.qweight.numpy(), self.scales.numpy(), self.bits, self.group_size)
+        return dequantize_weight(self.qweight.numpy(), self.scales.numpy(), self.bits, self.group_size,
+                                 self.out_features)
 
     def forward(self, x):
-        return qlinear(x, self.qweight, self.scales, self.bias, bits=self.bits, group_size=self.group_size)
+        return qlinear(x, self.qweight, self.scales, self.bias, bits=self.bits, group_size=self.group_size,
+                       out_features=self.out_features)
 
 
 def replace_linears(module: Module, fn, prefix: str = "") -> Module:
@@ -75,5 +77,3 @@ def quantize(module: Module, bits: int = 4, group_size: int = 64, predicate=None
         return QuantizedLinear.from_linear(lin, bits, group_size)
     return replace_linears(module, swap)
 
-
-__all__ = ["QuantizedLinear", "quantize", "replace_linears", "Tensor"]

@@ -1,11 +1,14 @@
 """The imported model: an interpreter over the importer's graph that builds lazy Express tensors.
 
-`run(feeds)` checks the feeds against the declared inputs, builds the graph for the given shapes
-(shape subgraphs fold to constants as they are built) and evaluates the outputs in one plan.
-`model(*tensors)` does the same without evaluating."""
+`run(feeds)` checks the feeds against the declared inputs; the first run for an input signature
+(shapes and dtypes of the feeds, the outputs asked for) builds the graph for those shapes (shape
+subgraphs fold to constants as they are built) and compiles it with `ex.compile`; later runs with
+the same signature replay that plan. Graphs whose structure depends on input values (data-dependent
+If/Loop, NonZero, TopK, ...) are rebuilt and evaluated on every run. `model(*tensors)` builds the
+outputs lazily without evaluating."""
 from __future__ import annotations
 
-from collections import ChainMap
+from collections import ChainMap, OrderedDict
 
 import numpy as np
 
@@ -58,6 +61,7 @@ class Model:
             _opt(ir)
         self._check_ops(ir.graph)
         self._consts = {}
+        self._plans: OrderedDict = OrderedDict()   # input signature -> compiled run, or None (not compilable)
         self.inputs: list[ValueInfo] = list(ir.graph.inputs)
         self.outputs: list[ValueInfo] = list(ir.graph.outputs)
 
@@ -101,10 +105,34 @@ class Model:
         bad = [n for n in names if n not in known]
         if bad:
             raise ExpressError(f"run: unknown output name(s) {bad}; the model's outputs are {sorted(known)}")
-        outs = self._build(self._check_feeds(feeds), names)
+        checked = self._check_feeds(feeds)
+        order = [v.name for v in self.inputs]
+        if all(isinstance(checked[k], Tensor) for k in order):
+            key = (tuple((checked[k].shape, checked[k].dtype.name) for k in order), tuple(names))
+            if key not in self._plans:
+                self._plans[key] = self._compile(order, names)
+                while len(self._plans) > self.max_plans:
+                    self._plans.popitem(last=False)
+            self._plans.move_to_end(key)
+            fn = self._plans[key]
+            if fn is not None:
+                try:
+                    outs = fn(*[checked[k] for k in order])
+                    return {n: np.array(outs[n].numpy()) for n in names}
+                except Exception:   # not compilable (the graph reads input values while it is built, ...):
+                    self._plans[key] = None   # build and evaluate it per run, where a real error is raised
+        outs = self._build(checked, names)
         tensors = [t for n in names for t in _flat(outs[n])]
         ex.eval(*tensors)
         return {n: _to_numpy(outs[n]) for n in names}
+
+    max_plans = 8   # compiled input signatures kept per model (least recently used dropped first)
+
+    def _compile(self, order, names):
+        def fn(*ts):
+            outs = self._build(dict(zip(order, ts)), names)
+            return {n: outs[n] for n in names}
+        return ex.compile(fn)
 
     def _check_feeds(self, feeds):
         expected = {v.name: v for v in self.inputs}

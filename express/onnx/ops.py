@@ -351,20 +351,25 @@ def cumsum(x, axis, *, exclusive=0, reverse=0):
     return ex.flip(y, axis) if reverse else y
 
 
+def softmax_any(x, axis, old, kind="soft"):
+    """Softmax along `axis`; `old` (opset < 13): over the 2-D flattening [:axis] x [axis:]."""
+    axis = naxis(axis, x.ndim)
+    shape = x.shape
+    if old and axis != x.ndim - 1:
+        x = ex.reshape(x, (int(np.prod(shape[:axis])), -1))
+        axis = 1
+    if kind == "hard":
+        i = ex.argmax(x, axis=axis, keepdims=True)
+        y = ex.equal(ex.reshape(ex.arange(x.shape[axis]), (-1,) + (1,) * (x.ndim - axis - 1)), i).astype(x.dtype)
+    else:
+        y = F.softmax(x, axis) if kind == "soft" else F.log_softmax(x, axis)
+    return ex.reshape(y, shape) if y.shape != shape else y
+
+
 def _softmax(kind):
     def run(ctx, x, *, axis=None):
         old = ctx.opset < 13
-        axis = naxis((1 if old else -1) if axis is None else axis, x.ndim)
-        shape = x.shape
-        if old:
-            x = ex.reshape(x, (int(np.prod(shape[:axis])), -1))
-            axis = 1
-        if kind == "hard":
-            i = ex.argmax(x, axis=axis, keepdims=True)
-            y = ex.equal(ex.reshape(ex.arange(x.shape[axis]), (-1,) + (1,) * (x.ndim - axis - 1)), i).astype(x.dtype)
-        else:
-            y = F.softmax(x, axis) if kind == "soft" else F.log_softmax(x, axis)
-        return ex.reshape(y, shape)
+        return softmax_any(x, (1 if old else -1) if axis is None else axis, old, kind)
     return run
 
 
@@ -587,8 +592,26 @@ def trilu(x, k=None, *, upper=1):
     return ex.triu(x, k) if upper else ex.tril(x, k)
 
 
+def _pad_kernel(x, before, after, mode, value):
+    """F.pad where it applies: no cropping, only the last 3 axes padded, reflect pads below the size."""
+    kmode = {"constant": "constant", "edge": "replicate", "reflect": "reflect"}.get(mode)
+    padded = [a for a in range(x.ndim) if before[a] or after[a]]
+    if kmode is None or not padded or padded[0] < x.ndim - 3 or builtins.min(list(before) + list(after)) < 0 \
+            or x.dtype is ex.bool or any(x.shape[a] == 0 for a in padded) \
+            or mode == "constant" and not x.dtype.is_float and int(float(value)) != value \
+            or mode == "reflect" and any(builtins.max(before[a], after[a]) >= x.shape[a] for a in padded):
+        return None
+    flat = []
+    for a in range(x.ndim - 1, padded[0] - 1, -1):
+        flat += [int(before[a]), int(after[a])]
+    return F.pad(x, flat, kmode, float(value) if mode == "constant" else 0.0)
+
+
 def _pad(x, before, after, mode="constant", value=0):
     """Pad every axis by `before[i]`/`after[i]` (negative crops) with a constant, edge, reflect or wrap."""
+    y = _pad_kernel(x, before, after, mode, value)
+    if y is not None:
+        return y
     for a in range(x.ndim):
         b, e = int(before[a]), int(after[a])
         if b == 0 and e == 0:
@@ -931,9 +954,12 @@ def qlinear_matmul(a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp):
 
 
 # ---- convolution and pooling (NCHW, any number of spatial dims) ----
-# Convolutions compose im2col (take) + matmul for any rank; with USE_F_CONV2D, 2-D float ones go to
-# express.nn.functional.conv2d (the C kernel) instead.
-USE_F_CONV2D = False
+# 2-D float convolutions and pools run on the kernels of express.nn.functional (conv2d picks 1x1 /
+# im2col GEMM, depthwise or Winograd); other ranks, integer convolutions and what the kernels do not
+# cover (asymmetric pool padding, ...) compose im2col (take) + matmul / reductions.
+USE_F_CONV2D = True
+
+
 def _conv_pads(x_sp, k, strides, dilations, pads, auto_pad):
     nd = len(x_sp)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -984,9 +1010,13 @@ def _conv_setup(x, w_shape, kernel_shape, strides, dilations, pads, auto_pad):
 def _conv(x, w, b, k, strides, dilations, before, after, group, zero=0.0):
     n, c = x.shape[:2]
     o = w.shape[0]
-    f2d = getattr(F, "conv2d", None) if USE_F_CONV2D else None
-    if f2d is not None and x.ndim == 4 and x.dtype.is_float and before == after:
-        return f2d(x, w, b, stride=tuple(strides), padding=tuple(before), dilation=tuple(dilations), groups=group)
+    if USE_F_CONV2D and x.ndim == 4 and x.dtype.is_float and w.dtype.is_float:
+        if w._value is not None:
+            # a fresh constant per build: the planner caches transformed (Winograd) weights per
+            # weight tensor, and a second lookup of the same tensor there fails
+            w = constant(w._value)
+        return F.conv2d(x, w, b, stride=tuple(strides), padding=(before[0], before[1], after[0], after[1]),
+                        dilation=tuple(dilations), groups=group)
     cols, out = _patches(x, k, strides, dilations, before, after, zero)
     kk = cols.shape[2]
     cols = ex.reshape(cols, (n, group, (c // group) * kk, -1))
@@ -1087,10 +1117,17 @@ def _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     return k, strides, dilations, before, after, extra
 
 
-@op("MaxPool")
-def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
+def _pool_kernel_ok(x, k, b, a):
+    """The 2-D pool kernels take float NCHW with symmetric padding of at most half the window."""
+    return USE_F_CONV2D and x.ndim == 4 and x.dtype.is_float and b == a and all(2 * p <= kk for p, kk in zip(b, k))
+
+
+@op("MaxPool", ctx=True)
+def max_pool(ctx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
              strides=None):
     k, s, d, b, a, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    if _pool_kernel_ok(x, k, b, a) and len([o for o in ctx.node.outputs if o]) == 1:
+        return F.max_pool2d(x, k, s, b, d, bool(ceil_mode))
     low = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
     ae = [p + e for p, e in zip(a, extra)]
     cols, out = _patches(x, k, s, d, b, ae, low)
@@ -1123,6 +1160,8 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
 def avg_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None,
              strides=None):
     k, s, d, b, a, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    if _pool_kernel_ok(x, k, b, a) and d == [1, 1]:
+        return F.avg_pool2d(x, k, s, b, bool(ceil_mode), bool(count_include_pad))
     ae = [p + e for p, e in zip(a, extra)]
     cols, out = _patches(x, k, s, d, b, ae, 0.0)
     tot = ex.sum(cols, axis=2)
@@ -1150,11 +1189,15 @@ def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, 
 
 @op("GlobalAveragePool")
 def global_avg_pool(x):
+    if _pool_kernel_ok(x, (2, 2), (0, 0), (0, 0)) and min(x.shape[2:]) > 0:
+        return F.adaptive_avg_pool2d(x, 1)
     return ex.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
 @op("GlobalMaxPool")
 def global_max_pool(x):
+    if _pool_kernel_ok(x, (2, 2), (0, 0), (0, 0)) and min(x.shape[2:]) > 0:
+        return F.adaptive_max_pool2d(x, 1)
     return ex.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
@@ -1177,6 +1220,9 @@ def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, trainin
         v = ex.mean(ex.square(x - _chan(m, x.ndim)), axis=axes)
         y = (x - _chan(m, x.ndim)) * _chan(F.rsqrt(v + epsilon) * scale, x.ndim) + _chan(bias, x.ndim)
         return y, mean * momentum + m * (1 - momentum), var * momentum + v * (1 - momentum)
+    c = (x.shape[1],) if x.ndim >= 2 else None
+    if x.dtype.is_float and all(t.shape == c for t in (scale, bias, mean, var)):
+        return F.batch_norm(x, mean, var, scale, bias, eps=epsilon)
     inv = F.rsqrt(var.astype(ex.float32) + epsilon) * scale.astype(ex.float32)
     shift = bias.astype(ex.float32) - mean.astype(ex.float32) * inv
     return (x * _chan(inv, x.ndim) + _chan(shift, x.ndim)).astype(x.dtype)
@@ -1196,12 +1242,18 @@ def instance_norm(x, scale, bias, *, epsilon=1e-5):
 
 
 @op("LayerNormalization")
-def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+def layer_norm(x, scale=None, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """The fused layer_norm kernel where scale and bias have the normalized shape; the mean and
+    inverse std outputs are built lazily (computed only when the graph reads them)."""
     axis = naxis(axis, x.ndim)
     xf = x.astype(ex.float32)
     axes = tuple(range(axis, x.ndim))
     y, m, inv = _normalize(xf, axes, epsilon)
-    y = y * scale.astype(ex.float32)
+    n = x.shape[axis:]
+    if x.dtype.is_float and all(t is None or t.shape == n for t in (scale, bias)):
+        return F.layer_norm(x, n, scale, bias, eps=epsilon), m, inv
+    if scale is not None:
+        y = y * scale.astype(ex.float32)
     if bias is not None:
         y = y + bias.astype(ex.float32)
     return y.astype(x.dtype), m, inv
@@ -1210,6 +1262,8 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
 @op("RMSNormalization")
 def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     axis = naxis(axis, x.ndim)
+    if axis == x.ndim - 1 and x.dtype.is_float and scale.shape == x.shape[-1:]:
+        return F.rms_norm(x, scale, eps=epsilon)
     xf = x.astype(ex.float32)
     inv = F.rsqrt(ex.mean(ex.square(xf), axis=tuple(range(axis, x.ndim)), keepdims=True) + epsilon)
     return (xf * inv * scale.astype(ex.float32)).astype(x.dtype)
@@ -1266,8 +1320,8 @@ def dropout(x, ratio=None, training_mode=None, *, seed=None, is_test=0, ratio_=N
 
 
 # ---- resize ----
-def _resize_axis(x, a, out_n, scale, mode, ctm, nearest_mode, cubic_a, exclude_outside, roi, extrap):
-    n = x.shape[a]
+def _src_coords(n, out_n, scale, ctm, roi):
+    """ONNX Resize: the source coordinate of each output position along one axis."""
     i = np.arange(out_n, dtype=np.float64)
     if ctm == "half_pixel":
         src = (i + 0.5) / scale - 0.5
@@ -1285,6 +1339,24 @@ def _resize_axis(x, a, out_n, scale, mode, ctm, nearest_mode, cubic_a, exclude_o
         src = s * (n - 1) + i * (e - s) * (n - 1) / (out_n - 1) if out_n > 1 else np.full_like(i, 0.5 * (s + e) * (n - 1))
     else:
         raise ModelError(f"Resize: coordinate_transformation_mode {ctm!r} is not supported")
+    return src
+
+
+def _nearest(src, nearest_mode, n):
+    if nearest_mode == "round_prefer_floor":
+        j = np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
+    elif nearest_mode == "round_prefer_ceil":
+        j = np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
+    elif nearest_mode == "floor":
+        j = np.floor(src)
+    else:
+        j = np.ceil(src)
+    return np.clip(j, 0, n - 1).astype(np.int64)
+
+
+def _resize_axis(x, a, out_n, scale, mode, ctm, nearest_mode, cubic_a, exclude_outside, roi, extrap):
+    n = x.shape[a]
+    src = _src_coords(n, out_n, scale, ctm, roi)
     outside = (src < 0) | (src > n - 1) if ctm == "tf_crop_and_resize" else None
 
     def shaped(v):
@@ -1293,15 +1365,7 @@ def _resize_axis(x, a, out_n, scale, mode, ctm, nearest_mode, cubic_a, exclude_o
         return const(v.astype(np.float32).reshape(s))
 
     if mode == "nearest":
-        if nearest_mode == "round_prefer_floor":
-            j = np.where(src - np.floor(src) == 0.5, np.floor(src), np.round(src))
-        elif nearest_mode == "round_prefer_ceil":
-            j = np.where(src - np.floor(src) == 0.5, np.ceil(src), np.round(src))
-        elif nearest_mode == "floor":
-            j = np.floor(src)
-        else:
-            j = np.ceil(src)
-        y = ex.take(x, np.clip(j, 0, n - 1).astype(np.int64), axis=a)
+        y = ex.take(x, _nearest(src, nearest_mode, n), axis=a)
     elif mode == "linear":
         s = np.clip(src, 0, n - 1)
         j0 = np.floor(s).astype(np.int64)
@@ -1357,6 +1421,10 @@ def resize(x, roi=None, scales=None, sizes=None, *, mode="nearest", coordinate_t
         sc = [float(v) for v in val(scales).reshape(-1)]
         sz = [int(math.floor(x.shape[a] * s)) for a, s in zip(ax, sc)]
     mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+    y = _resize_kernel(x, ax, sz, sc, sizes is not None and sizes.size, mode, coordinate_transformation_mode,
+                       nearest_mode)
+    if y is not None:
+        return y
     y = x if x.dtype.is_float or mode == "nearest" else x.astype(ex.float32)
     for i, a in enumerate(ax):
         if sz[i] == x.shape[a] and sc[i] == 1.0 and coordinate_transformation_mode != "tf_crop_and_resize":
@@ -1365,6 +1433,37 @@ def resize(x, roi=None, scales=None, sizes=None, *, mode="nearest", coordinate_t
         y = _resize_axis(y, a, sz[i], sc[i], mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
                          exclude_outside, roi_a, extrapolation_value)
     return y.astype(x.dtype)
+
+
+def _resize_kernel(x, ax, sz, sc, by_size, mode, ctm, nearest_mode):
+    """F.interpolate where its sampling is the ONNX one: float NCHW resized over H and W, nearest
+    with the same source indices, or bilinear with half-pixel centres or aligned corners."""
+    full = {a: (n, s) for a, n, s in zip(ax, sz, sc)}
+    if not (x.ndim == 4 and x.dtype.is_float and ctm != "tf_crop_and_resize" and all(full.get(a, (x.shape[a], 1.0)) == (x.shape[a], 1.0)
+                                                      for a in (0, 1))):
+        return None
+    size = tuple(full.get(a, (x.shape[a], 1.0))[0] for a in (2, 3))
+    scale = tuple(full.get(a, (x.shape[a], 1.0))[1] for a in (2, 3))
+    if min(size) < 1 or min(x.shape[2:]) < 1:
+        return None
+    kscale = [x.shape[2 + i] / size[i] if by_size else 1.0 / scale[i] for i in range(2)]
+    if mode == "nearest":
+        for i in range(2):
+            n = x.shape[2 + i]
+            want = _nearest(_src_coords(n, size[i], scale[i], ctm, (0.0, 1.0)), nearest_mode, n)
+            d = np.arange(size[i])
+            for f in (np.float32, np.float64):   # the kernel's floor(dst * scale), in either precision
+                if not np.array_equal(np.minimum(np.floor(d.astype(f) * f(kscale[i])), n - 1), want):
+                    return None
+        align = None
+    elif mode == "linear" and (ctm == "half_pixel" or ctm == "pytorch_half_pixel" and min(size) > 1):
+        align = False
+    elif mode == "linear" and ctm == "align_corners":
+        align = True
+    else:
+        return None
+    kw = {"size": size} if by_size else {"scale_factor": scale}
+    return F.interpolate(x, mode="nearest" if mode == "nearest" else "bilinear", align_corners=align, **kw)
 
 
 @op("Upsample")
@@ -1650,26 +1749,86 @@ def fused_matmul(a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBat
     return gemm(a, b, alpha=alpha, transA=transA, transB=transB)
 
 
-# ---- Express's own fused forms (written by the graph passes on import) ----
+# ---- Express's own fused forms (written by the graph passes on import and by .exm quantization) ----
+_FUSED_ACT = {"": lambda y: y, "Relu": F.relu, "Gelu": F.gelu, "Sigmoid": F.sigmoid, "Tanh": ex.tanh,
+              "GeluTanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
 @op("Linear", domain="express")
-def linear(x, w, b=None, *, activation=""):
-    y = ex.matmul(x, w)
+def linear(x, w, b=None, *, activation="", wt=0):
+    """`act(x @ W + b)`; `wt=1`: the weight is stored (out, in) and runs on the linear kernel."""
+    if wt and x.dtype.is_float and x.ndim >= 1:
+        return _FUSED_ACT[activation](F.linear(x, w, b))
+    y = ex.matmul(x, ex.matrix_transpose(w) if wt else w)
     if b is not None:
         y = y + b
     return _FUSED_ACT[activation](y)
 
 
-_FUSED_ACT = {"": lambda y: y, "Relu": F.relu, "Gelu": F.gelu, "Sigmoid": F.sigmoid, "Tanh": ex.tanh,
-              "GeluTanh": lambda y: F.gelu(y, approximate="tanh")}
+@op("QLinear", domain="express")
+def qlinear(x, qweight, scales, b=None, *, bits, group_size, out_features, activation=""):
+    """`act(x @ dequantize(W).T + b)` with W kept packed as express.ops.quant packs it, expanded
+    inside the kernel (express.ops.quant.qlinear)."""
+    from express.ops.quant import qlinear as _q
+    y = _q(x, qweight, scales, b, bits=bits, group_size=group_size, out_features=out_features)
+    return _FUSED_ACT[activation](y.astype(x.dtype) if x.dtype.is_float else y)
+
+
+def unpack_rows(q, bits, k):
+    """Rows of int8 values, or of uint8 bytes holding two int4 values + 8 (low nibble first), as
+    float32 (..., k), lazily."""
+    if bits == 8:
+        return q.astype(ex.float32)
+    u = q.astype(ex.float32)
+    hi = ex.floor(u * (1 / 16))
+    lo = u - hi * 16
+    return ex.reshape(ex.stack([lo, hi], axis=-1), q.shape[:-1] + (k,)) - 8.0
+
+
+@op("QGather", domain="express")
+def qgather(qweight, scales, idx, *, bits, group_size, dtype="float32"):
+    """Rows `idx` of a group-quantized table (an embedding, rows (int8 values or int4 pairs),
+    float32 scales (rows, k / group_size)): only the rows looked up are expanded."""
+    n = qweight.shape[0]
+    i = ex.where(idx < 0, idx + n, idx)
+    k = scales.shape[1] * group_size
+    vals = unpack_rows(ex.take(qweight, i, axis=0), bits, k)
+    s = ex.take(scales, i, axis=0)
+    y = ex.reshape(ex.reshape(vals, vals.shape[:-1] + (-1, group_size)) * ex.expand_dims(s, -1), vals.shape)
+    return y.astype(dt.as_dtype(dtype))
+
+
+def _sdpa_ok(q, k, v, m):
+    if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim or not q.dtype.is_float:
+        return False
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2] or q.shape[-1] != k.shape[-1] \
+            or k.shape[-2] != v.shape[-2] or min(q.shape + k.shape + v.shape) < 1:
+        return False
+    full = q.shape[:-1] + (k.shape[-2],)
+    return m is None or (m.ndim <= len(full) and np.broadcast_shapes(m.shape, full) == full)
 
 
 @op("Attention", domain="express")
-def attention(q, k, v, mask=None, *, scale=1.0, transposed_k=1):
-    sdpa = getattr(F, "scaled_dot_product_attention", None)
-    s = ex.matmul(q, k if not transposed_k else k) * scale
-    if mask is not None:
-        s = s + mask
-    return ex.matmul(F.softmax(s, -1), v)
+def attention(q, kt, v, mask=None, *, scale=1.0, mask_kind="add", nan_guard=0, softmax_axis=-1, legacy_softmax=0):
+    """softmax(q @ kt * scale + mask) @ v (kt: K transposed, as the written-out graph multiplies it)
+    on the fused scaled_dot_product_attention kernel; `mask_kind` "fill_true"/"fill_false": `mask`
+    is a bool condition selecting -inf; `nan_guard`: rows with every key masked give 0, not NaN."""
+    m = mask
+    if m is not None and mask_kind != "add":
+        m = ex.where(m if mask_kind == "fill_true" else ex.logical_not(m), -math.inf, 0.0).astype(ex.float32)
+    k = ex.matrix_transpose(kt) if kt.ndim >= 2 else kt
+    if _sdpa_ok(q, k, v, m) and naxis(softmax_axis, q.ndim) == q.ndim - 1:
+        y = F.scaled_dot_product_attention(q, k, v, m, scale=float(scale))
+        if nan_guard and m is not None:
+            y = ex.where(ex.equal(ex.max(m, axis=-1, keepdims=True), -math.inf), 0.0, y).astype(y.dtype)
+        return y
+    s = ex.matmul(q, kt) * like(scale, q) if q.dtype.is_float else ex.matmul(q, kt) * scale
+    if m is not None:
+        s = s + m
+    p = softmax_any(s, softmax_axis, bool(legacy_softmax))
+    if nan_guard:
+        p = ex.where(ex.not_equal(p, p), like(0, p), p)
+    return ex.matmul(p, v)
 
 
 @op("Attention")

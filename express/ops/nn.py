@@ -29,6 +29,17 @@ def _fp(a):
     return ffi.cast("float *", ptr(a))
 
 
+def _keeps(prepare):
+    """The kernel holds raw pointers: keep its arrays alive as long as the prepared call (graph
+    passes create constants, e.g. folded weights, that nothing else references)."""
+    def wrapped(out, ins, **attrs):
+        f = prepare(out, ins, **attrs)
+        f.arrays = (out, tuple(ins))
+        return f
+    wrapped.__name__ = prepare.__name__
+    return wrapped
+
+
 def _fp_opt(a):
     return ffi.NULL if a is None else _fp(a)
 
@@ -99,7 +110,8 @@ def _linear_prepare(out, ins, act, has_bias, has_res):
     return lambda: check(lib.ex_linear(*args), "linear")
 
 
-LINEAR = defop("linear", "kernel", _linear_infer, _linear_ref, prepare=_linear_prepare, contiguous=(0, 1, 2, 3))
+LINEAR = defop("linear", "kernel", _linear_infer, _linear_ref, prepare=_keeps(_linear_prepare),
+               contiguous=(0, 1, 2, 3))
 
 
 def linear(x, w, bias=None, act="none"):
@@ -118,14 +130,15 @@ def choose_conv_algo(c, oc, oh, ow, kernel, stride, dilation, groups):
     (im2col +) GEMM."""
     if groups == c == oc and c > 1:
         return "depthwise"
+    tiles = -(-oh // 4) * -(-ow // 4)  # F(4x4, 3x3) output tiles: its 36 GEMMs have N = tiles
     if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1 and c >= 16
-            and oc >= 16 and oh >= 8 and ow >= 8):
+            and oc >= 16 and tiles >= 48):
         return "winograd"
     return "gemm"
 
 
 def _conv_infer(x, w, *rest, stride, pads, dilation, groups, act, has_bias, has_res, algo="auto",
-                kernel=None, wlayout="oihw"):
+                kernel=None, wlayout="oihw", prepack=False):
     _need_f32("conv2d", x, w, *rest)
     if x.ndim != 4:
         raise ShapeError(f"conv2d: input must be NCHW (4-D), got shape {x.shape}")
@@ -175,7 +188,7 @@ def conv2d_ref(x, w, b=None, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), 
 
 
 def _conv_ref(x, w, *rest, stride, pads, dilation, groups, act, has_bias, has_res, algo="auto", kernel=None,
-              wlayout="oihw"):
+              wlayout="oihw", prepack=False):
     if wlayout != "oihw":
         raise ValueError("conv2d reference: takes weights in (out, in, kh, kw) layout")
     _, _, b, r = _split_opt((x, w) + rest, has_bias, has_res)
@@ -201,29 +214,35 @@ def winograd_weights(w: np.ndarray) -> np.ndarray:
 
 
 def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_res, algo="auto", kernel=None,
-                  wlayout="oihw"):
+                  wlayout="oihw", prepack=False):
     x, w, b, r = _split_opt(ins, has_bias, has_res)
     kernel = kernel or w.shape[2:]
     if algo == "auto":
         algo = choose_conv_algo(x.shape[1], out.shape[1], out.shape[2], out.shape[3], tuple(kernel), stride,
                                 dilation, groups)
     keep = [w]
-    if algo == "winograd" and wlayout != "winograd":
+    runtime_wino = algo == "winograd" and wlayout != "winograd"
+    if runtime_wino:
         u = np.empty((36,) + w.shape[:2], np.float32)  # weights computed at run time: transform each run
         keep.append(u)
     p = conv_params(x.shape, out.shape, kernel, stride, pads, dilation, groups, act, algo)
-    args = (p, _fp(x), _fp(keep[-1]), _fp_opt(b), _fp_opt(r), _fp(out))
-    if len(keep) == 2:
+    if prepack and algo == "gemm":  # constant weights: packed once for the GEMM micro-kernel
+        packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
+        check(lib.ex_conv_pack_weights(p, _fp(w), _fp(packed)), "conv2d")
+        keep.append(packed)
+        p.wpack = _fp(packed)
+    args = (p, _fp(x), _fp(keep[1] if runtime_wino else w), _fp_opt(b), _fp_opt(r), _fp(out))
+    if runtime_wino:
         wargs = (_fp(w), _fp(keep[1]), w.shape[0], w.shape[1])
 
         def run(keep=keep):
             check(lib.ex_winograd_weights(*wargs), "conv2d")
             check(lib.ex_conv2d(*args), "conv2d")
         return run
-    return lambda: check(lib.ex_conv2d(*args), "conv2d")
+    return lambda keep=keep: check(lib.ex_conv2d(*args), "conv2d")
 
 
-CONV2D = defop("conv2d", "kernel", _conv_infer, _conv_ref, prepare=_conv_prepare, contiguous=(0, 1, 2, 3))
+CONV2D = defop("conv2d", "kernel", _conv_infer, _conv_ref, prepare=_keeps(_conv_prepare), contiguous=(0, 1, 2, 3))
 
 
 # ---------------------------------------------------------------- conv_transpose2d
@@ -274,7 +293,7 @@ def _convt_prepare(out, ins, stride, padding, output_padding, dilation, groups, 
     return lambda: check(lib.ex_conv_transpose2d(*args), "conv_transpose2d")
 
 
-CONV_T2D = defop("conv_transpose2d", "kernel", _convt_infer, _convt_ref, prepare=_convt_prepare,
+CONV_T2D = defop("conv_transpose2d", "kernel", _convt_infer, _convt_ref, prepare=_keeps(_convt_prepare),
                  contiguous=(0, 1, 2))
 
 
@@ -331,7 +350,7 @@ def _pool_prepare(out, ins, kind, kernel, stride, padding, dilation, ceil_mode, 
     return lambda: check(lib.ex_pool2d(*args), f"{kind}_pool2d")
 
 
-POOL2D = defop("pool2d", "kernel", _pool_infer, _pool_ref, prepare=_pool_prepare, contiguous=(0,))
+POOL2D = defop("pool2d", "kernel", _pool_infer, _pool_ref, prepare=_keeps(_pool_prepare), contiguous=(0,))
 
 
 def _apool_infer(x, kind, output_size):
@@ -360,7 +379,7 @@ def _apool_prepare(out, ins, kind, output_size):
     return lambda: check(lib.ex_adaptive_pool2d(*args), f"adaptive_{kind}_pool2d")
 
 
-ADAPTIVE_POOL2D = defop("adaptive_pool2d", "kernel", _apool_infer, _apool_ref, prepare=_apool_prepare,
+ADAPTIVE_POOL2D = defop("adaptive_pool2d", "kernel", _apool_infer, _apool_ref, prepare=_keeps(_apool_prepare),
                         contiguous=(0,))
 
 
@@ -402,7 +421,8 @@ def _resize_prepare(out, ins, mode, size, scales, align_corners):
     return lambda: check(lib.ex_resize2d(*args), "interpolate")
 
 
-RESIZE2D = defop("interpolate", "kernel", _resize_infer, _resize_ref, prepare=_resize_prepare, contiguous=(0,))
+RESIZE2D = defop("interpolate", "kernel", _resize_infer, _resize_ref, prepare=_keeps(_resize_prepare),
+                 contiguous=(0,))
 
 
 # ---------------------------------------------------------------- pad
@@ -446,7 +466,7 @@ def _pad_prepare(out, ins, pads, mode, value):
     return lambda v=v: check(lib.ex_pad(*args), "pad")
 
 
-PAD = defop("pad", "kernel", _pad_infer, _pad_ref, prepare=_pad_prepare, contiguous=(0,))
+PAD = defop("pad", "kernel", _pad_infer, _pad_ref, prepare=_keeps(_pad_prepare), contiguous=(0,))
 
 
 # ---------------------------------------------------------------- norms
@@ -491,7 +511,8 @@ def _ln_prepare(out, ins, n, eps, has_w, has_b, rms):
     return lambda: check(lib.ex_layer_norm(*args), "layer_norm")
 
 
-LAYER_NORM = defop("layer_norm", "kernel", _ln_infer, _ln_ref, prepare=_ln_prepare, contiguous=(0, 1, 2))
+LAYER_NORM = defop("layer_norm", "kernel", _ln_infer, _ln_ref, prepare=_keeps(_ln_prepare),
+                   contiguous=(0, 1, 2))
 
 
 def _gn_infer(x, *wb, groups, eps, has_w, has_b, act):
@@ -526,7 +547,8 @@ def _gn_prepare(out, ins, groups, eps, has_w, has_b, act):
     return lambda: check(lib.ex_group_norm(*args), "group_norm")
 
 
-GROUP_NORM = defop("group_norm", "kernel", _gn_infer, _gn_ref, prepare=_gn_prepare, contiguous=(0, 1, 2))
+GROUP_NORM = defop("group_norm", "kernel", _gn_infer, _gn_ref, prepare=_keeps(_gn_prepare),
+                   contiguous=(0, 1, 2))
 
 
 def _bn_infer(x, mean, var, *wb, eps, has_w, has_b, act):
@@ -565,7 +587,8 @@ def _bn_prepare(out, ins, eps, has_w, has_b, act):
     return lambda: check(lib.ex_batch_norm(*args), "batch_norm")
 
 
-BATCH_NORM = defop("batch_norm", "kernel", _bn_infer, _bn_ref, prepare=_bn_prepare, contiguous=(0, 1, 2, 3, 4))
+BATCH_NORM = defop("batch_norm", "kernel", _bn_infer, _bn_ref, prepare=_keeps(_bn_prepare),
+                   contiguous=(0, 1, 2, 3, 4))
 
 
 # ---------------------------------------------------------------- attention
@@ -627,7 +650,8 @@ def _attn_prepare(out, ins, scale, causal, has_mask):
     return run
 
 
-ATTENTION = defop("scaled_dot_product_attention", "kernel", _attn_infer, _attn_ref, prepare=_attn_prepare)
+ATTENTION = defop("scaled_dot_product_attention", "kernel", _attn_infer, _attn_ref,
+                  prepare=_keeps(_attn_prepare))
 
 
 def attention_scale(d, scale):

@@ -112,7 +112,10 @@ def build_pipeline(root, text=TEXT, unet=UNET, vae=VAE, seed=0):
     for name in ("vocab.json", "merges.txt"):  # the classic layout, read by both tokenizers
         (root / "tokenizer" / name).write_bytes((tok_dir / name).read_bytes())
     (root / "tokenizer" / "tokenizer.json").unlink(missing_ok=True)
-    return pipe
+    # the reference is what diffusers reads back from these files (configs included)
+    ref = diffusers.StableDiffusionPipeline.from_pretrained(root, safety_checker=None, requires_safety_checker=False)
+    ref.set_progress_bar_config(disable=True)
+    return ref
 
 
 @pytest.fixture(scope="session")

@@ -75,10 +75,10 @@ def test_fp16_weights_fp32_compute(sd_folder):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)
     ctx = rng.standard_normal((1, 77, 32)).astype(np.float32)
-    half = pipe.unet.to(torch.float16).to(torch.float32)  # the same rounded weights, fp32 math
+    import copy
+    half = copy.deepcopy(pipe.unet).to(torch.float16).to(torch.float32)  # the same rounded weights, fp32 math
     with torch.no_grad():
         want = half(torch.from_numpy(x), 10, torch.from_numpy(ctx)).sample.numpy()
-    pipe.unet.to(torch.float32)
     got = unet(x, 10, ctx).numpy()
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3 * np.abs(want).max())

@@ -1,7 +1,5 @@
 """Tiny random-weight Hugging Face models for every family, built with transformers and saved to
 temporary folders (with a small byte-level BPE tokenizer and a ChatML chat template)."""
-import json
-import os
 
 import pytest
 import torch
@@ -53,8 +51,6 @@ def build(family, folder, seed=0, **over):
     with torch.no_grad():  # larger random weights than the init so differences show
         for p in model.parameters():
             p.normal_(0, 0.2 if p.ndim > 1 else 0.5)
-            if p.ndim == 1 and "norm" in "":
-                pass
     model.save_pretrained(folder, safe_serialization=True)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=make_tokenizer(), bos_token="<s>",
                                                 eos_token="</s>", pad_token="<pad>")

@@ -1,4 +1,5 @@
 """The LLM runtime against transformers + torch on tiny random models of every family."""
+import copy
 import json
 import os
 import shutil
@@ -50,6 +51,15 @@ def test_greedy_generation_matches(tiny, family):
     m = llm.load(folder, prefill_chunk=4)  # the 12-token prompt runs in three chunks
     got = list(m.generate_ids(IDS, max_new_tokens=10, stop_on_eos=False))
     assert got == ref_greedy(ref, IDS, 10)
+
+
+def test_bfloat16_checkpoint(tiny, tmp_path):
+    _, ref = tiny("qwen2")
+    half = copy.deepcopy(ref).to(torch.bfloat16)
+    half.save_pretrained(tmp_path)
+    # the same bf16 weights computed in fp32 by transformers (rope frequencies recomputed)
+    want = ref_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32), IDS)
+    np.testing.assert_allclose(llm.load(tmp_path).forward(IDS), want, atol=1e-4, rtol=0)
 
 
 def test_chunked_prefill_and_bucket_crossing(tiny):
@@ -177,3 +187,18 @@ def test_prompt_longer_than_context(tiny):
 def test_not_a_model_folder(tmp_path):
     with pytest.raises(ex.ModelError, match="config.json"):
         llm.load(tmp_path)
+
+
+def test_cli_chat_session(tiny, monkeypatch, capsys):
+    from llm.__main__ import main
+    folder, _ = tiny("qwen2")
+    lines = iter(["Hello", "How are you?", "/reset", "Hi"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert main(["chat", folder, "--max-new-tokens", "4", "--max-context", "64"]) == 0
+    assert "(history cleared)" in capsys.readouterr().out

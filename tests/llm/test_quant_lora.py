@@ -1,7 +1,6 @@
 """int8/int4 weights (qlinear kernel and quantized models), export, LoRA merged and dynamic."""
 import copy
 import json
-import os
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 import express as ex
 import express.nn as nn
 import llm
-from express.nn.quantized import QuantizedLinear, quantize
+from express.nn.quantized import QuantizedLinear
 from express.ops.quant import dequantize_weight, qlinear, quantize_weight
 from llm.__main__ import main
 
@@ -31,16 +30,19 @@ def test_qlinear_matches_reference(isa, bits, group, m):
     x = rng.standard_normal((m, 256)).astype(np.float32)
     b = rng.standard_normal(70).astype(np.float32)
     q, s = quantize_weight(w, bits, group)
-    ref = x @ dequantize_weight(q, s, bits, group).T + b
+    ref = x @ dequantize_weight(q, s, bits, group, 70).T + b
     prev = ex.isa()
     ex.set_isa(isa)
     try:
-        y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group).numpy()
+        y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group, out_features=70).numpy()
     finally:
         ex.set_isa(prev)
-    # m >= 8 dequantizes into the float GEMM (exact); fewer rows quantize x to int8 per 32 values
-    tol = 1e-5 if m >= 8 else 1.5e-2
-    assert np.abs(y - ref).max() <= tol * np.abs(ref).max()
+    # x is rounded to int8 per 32 values inside the kernel: exact against the same rounding in NumPy
+    xq = x.reshape(m, -1, 32)
+    xs = np.abs(xq).max(-1, keepdims=True) / 127
+    xr = (np.rint(xq / np.where(xs > 0, xs, 1)) * xs).reshape(m, 256)
+    np.testing.assert_allclose(y, xr @ dequantize_weight(q, s, bits, group, 70).T + b, atol=2e-4, rtol=1e-5)
+    assert np.abs(y - ref).max() <= 1.5e-2 * np.abs(ref).max()
 
 
 def test_quantize_weight_roundtrip_and_error_bounds():
@@ -48,10 +50,16 @@ def test_quantize_weight_roundtrip_and_error_bounds():
     w = rng.standard_normal((8, 128)).astype(np.float32)
     for bits, qmax in ((8, 127), (4, 7)):
         q, s = quantize_weight(w, bits, 32)
-        d = dequantize_weight(q, s, bits, 32)
-        step = np.repeat(s, 32, axis=1)
+        d = dequantize_weight(q, s, bits, 32, 8)
+        s2 = s.astype(np.float32).transpose(0, 2, 1).reshape(8, 4)
+        step = np.repeat(s2, 32, axis=1)
         assert np.all(np.abs(d - w) <= step / 2 + 1e-6)  # round to nearest within the group's step
-        np.testing.assert_allclose(s, np.abs(w).reshape(8, 4, 32).max(-1) / qmax, rtol=1e-6)
+        np.testing.assert_allclose(s2, np.abs(w).reshape(8, 4, 32).max(-1) / qmax, rtol=1e-3)  # float16
+    # odd row counts pad to a multiple of 8; embedding rows come back by index
+    q, s = quantize_weight(w[:5], 4, 32)
+    assert q.shape == (1, 4, 128)
+    from express.ops.quant import dequantize_rows
+    np.testing.assert_array_equal(dequantize_rows(q, s, 4, 32, [4, 0, 4]), dequantize_weight(q, s, 4, 32, 5)[[4, 0, 4]])
 
 
 def test_qlinear_bad_input():
@@ -60,6 +68,8 @@ def test_qlinear_bad_input():
         qlinear(ex.ones((2, 32)), q, s, bits=4, group_size=32)
     with pytest.raises(ex.DTypeError, match="qlinear"):
         qlinear(ex.ones((2, 64)), q.view(np.int8), s, bits=4, group_size=32)
+    with pytest.raises(ex.ShapeError, match="qlinear"):
+        qlinear(ex.ones((2, 64)), q, s, bits=4, group_size=32, out_features=9)
     with pytest.raises(ex.ShapeError, match="group"):
         quantize_weight(np.ones((4, 48), np.float32), 4, 32)
 
@@ -68,7 +78,7 @@ def test_module_quantize_swaps_linears():
     m = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8), nn.Linear(8, 3))
     x = ex.asarray(np.random.default_rng(1).standard_normal((9, 64)).astype(np.float32))
     ref = m(x).numpy()
-    quantize(m, bits=8, group_size=32)
+    assert m.quantize(bits=8, group_size=32) is m  # Module.quantize delegates to nn.quantized.quantize
     assert [type(l).__name__ for l in m] == ["QuantizedLinear", "QuantizedLinear", "Linear"]
     assert np.abs(m(x).numpy() - ref).max() < 0.02 * np.abs(ref).max()
 
@@ -97,10 +107,11 @@ def test_quantized_model(tiny, family, bits):
     prefill = m.forward(IDS)
     m.reset()
     decode = np.stack([m._run([i])[0] for i in IDS])  # one token at a time: the int8-activation GEMV
-    # the kernel computes exactly the dequantized model (prefill) / within activation rounding (decode)
+    # the kernel computes the dequantized model, within the rounding of the activations
     dq = ref_logits(dequantized_reference(ref, bits, 32), IDS)
-    np.testing.assert_allclose(prefill, dq, atol=1e-4, rtol=0)
-    assert np.abs(decode - dq).max() <= 0.05 * np.abs(dq).max()
+    # (activations rounded to int8 per 32 values inside the kernel, as llama.cpp does)
+    for got in (prefill, decode):
+        assert np.abs(got - dq).max() <= 0.05 * np.abs(dq).max()
     # against the float model: int8 within 4% of the logit range; int4's top-1 agreement reported
     full = ref_logits(ref, IDS)
     err = np.abs(prefill - full).max() / np.abs(full).max()
@@ -130,8 +141,8 @@ def test_export_roundtrip_and_cli(tiny, tmp_path, capsys):
     np.testing.assert_allclose(llm.load(tmp_path / "f").forward(IDS), ref_logits(ref3, IDS), atol=1e-4, rtol=0)
     assert main(["export", folder3, str(tmp_path / "q8"), "--quant-bits", "8", "--group-size", "32"]) == 0
     # an untied embedding is exported as float16 (looked up row by row), hence the tolerance
-    np.testing.assert_allclose(llm.load(tmp_path / "q8").forward(IDS),
-                               llm.load(folder3, quant_bits=8, group_size=32).forward(IDS), atol=5e-3, rtol=0)
+    a, b = llm.load(tmp_path / "q8").forward(IDS), llm.load(folder3, quant_bits=8, group_size=32).forward(IDS)
+    assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
 
 
 def test_cli_generate_and_bench(tiny, capsys):

@@ -46,3 +46,31 @@ def close(a, b, tol):
     err = float(np.abs(a - b).max()) if a.size else 0.0
     assert err <= tol * max(1.0, float(np.abs(b).max())), f"max abs error {err:.3g}"
     return err
+
+
+SENTENCES = ["Express runs ONNX models.", "A second, somewhat longer sentence for padding."]
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_dir):
+    """(ONNX bytes of the real all-MiniLM-L6-v2 exported at opset 14, feeds for two padded sentences,
+    transformers' last_hidden_state for them)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModel.from_pretrained(minilm_dir).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+
+    class Enc(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask, types):
+            return self.m(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    args = tuple(enc[n] for n in names)
+    data = export(Enc(model), args, names, ["last_hidden_state"], {n: {0: "b", 1: "s"} for n in names}, opset=14)
+    with torch.no_grad():
+        ref = model(**enc).last_hidden_state.numpy()
+    return data, {n: a.numpy() for n, a in zip(names, args)}, ref

@@ -269,6 +269,6 @@ def test_linear_fusion_and_constant_folding():
                      [h.make_tensor_value_info("y", TP.FLOAT, ["n", 4])], [nh.from_array(w, "w")])
     data = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
     m = eo.load(data)
-    assert [(n.domain, n.op_type, n.attrs) for n in m.ir.graph.nodes] == [("express", "Linear", {"activation": "Relu"})]
+    assert [(n.domain, n.op_type, n.attrs) for n in m.ir.graph.nodes] == [("express", "Linear", {"activation": "Relu", "wt": 1})]
     x = rng.standard_normal((3, 8)).astype(np.float32)
     close(m.run({"x": x})["y"], np.maximum(x @ w + np.arange(4) ** 2, 0), 1e-5)
