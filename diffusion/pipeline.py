@@ -18,7 +18,7 @@ from express import ModelError
 from .models import AutoencoderKL, CLIPTextModel, UNet2DConditionModel
 from .schedulers import Scheduler, get_scheduler
 from .tokenizer import CLIPTokenizer
-from .weights import component_dir, load_component, read_json, weight_files
+from .weights import component_dir, load_component, read_json, release_pages, weight_files
 
 
 @dataclass
@@ -73,7 +73,11 @@ class StableDiffusionPipeline:
         self.text_encoder, self.tokenizer, self.unet, self.vae = text_encoder, tokenizer, unet, vae
         self.scheduler_config = dict(scheduler_config)
         self.dtype = dtype
-        self._unet_step = ex.compile(self._unet_fn) if dtype is ex.float32 else self._unet_fn
+        # float32: one compiled plan per shape (fast replay). Half-precision weights: low-memory
+        # mode, evaluated block by block, and the UNet's mapped pages are released before the
+        # VAE decode, so one large model is resident at a time.
+        self.low_memory = dtype is not ex.float32
+        self._unet_step = self._unet_fn if self.low_memory else ex.compile(self._unet_fn)
 
     @classmethod
     def from_pretrained(cls, path, dtype="float32", variant: str | None = None) -> "StableDiffusionPipeline":
@@ -127,7 +131,7 @@ class StableDiffusionPipeline:
         return np.asarray(self.text_encoder(ids, clip_skip=clip_skip).numpy(), np.float32)
 
     def _unet_fn(self, x, tf, ctx, cond=None):
-        return self.unet(x, None, ctx, timestep_cond=cond, t_features=tf)
+        return self.unet(x, None, ctx, timestep_cond=cond, t_features=tf, low_memory=self.low_memory)
 
     def predict_noise(self, latents, t, embeds, guidance_scale, cond=None) -> np.ndarray:
         """The UNet's output at timestep t; with guidance, one batch of [uncond; cond] combined."""
@@ -246,6 +250,9 @@ class StableDiffusionPipeline:
         bar.close()
         if output_type == "latent":
             return PipelineOutput(latents, latents)
+        if self.low_memory:
+            release_pages(self.unet)
+            release_pages(self.text_encoder)
         images = self.decode_latents(latents, tile)
         return PipelineOutput(images if output_type == "np" else _to_pil(images), latents)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+import ml_dtypes
+import numpy as np
+
 import express as ex
 from express import ModelError
 
@@ -32,9 +35,10 @@ def component_dir(root, name: str) -> str:
 
 def weight_files(folder, variant: str | None = None) -> list[str]:
     """The safetensors files of a component: `<name>[.variant].safetensors`, or the shards listed
-    in `<name>[.variant].safetensors.index.json`. With a variant that is absent, the plain files."""
+    in `<name>[.variant].safetensors.index.json`. With a variant that is absent, the plain files;
+    without plain files, the "fp16" ones."""
     folder = os.fspath(folder)
-    for v in ([variant, None] if variant else [None]):
+    for v in ([variant, None] if variant else [None, "fp16"]):
         for base in WEIGHT_NAMES:
             stem = f"{base}.{v}" if v else base
             single = os.path.join(folder, f"{stem}.safetensors")
@@ -49,33 +53,78 @@ def weight_files(folder, variant: str | None = None) -> list[str]:
                      f"model.safetensors{f', variant {variant!r}' if variant else ''}); it holds {have}")
 
 
-def read_weights(files, dtype=None) -> dict:
-    """name -> Tensor from safetensors files, read one tensor at a time; floating-point tensors
-    are converted to `dtype` as they are read (so fp32 files load into fp16 without a full fp32
-    copy in memory)."""
-    from safetensors import SafetensorError, safe_open
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def mmap_safetensors(path) -> dict:
+    """name -> read-only NumPy view into the memory-mapped safetensors file (no copy: pages load
+    on first use and are shared with the page cache)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        buf = np.memmap(path, np.uint8, mode="r")
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path!r} is not a readable safetensors file: {e}") from None
+    out, base = {}, 8 + n
+    for k, info in header.items():
+        if k == "__metadata__":
+            continue
+        if info.get("dtype") not in _ST_DTYPES:
+            raise ModelError(f"{path!r}: tensor {k!r} has unsupported dtype {info.get('dtype')!r}")
+        dtype = np.dtype(_ST_DTYPES[info["dtype"]])
+        start, end = info["data_offsets"]
+        raw = buf[base + start:base + end]
+        a = raw.view(dtype) if (base + start) % dtype.itemsize == 0 else raw.copy().view(dtype)
+        out[k] = a.reshape(info["shape"])
+    return out
+
+
+def _mapping(a):
+    while a is not None and not isinstance(a, np.memmap):
+        a = a.base
+    return a
+
+
+def release_pages(module) -> None:
+    """Drop the resident pages of a module's memory-mapped weight files (they are clean file
+    pages: the next use reads them back from the page cache). Keeps the peak memory of a pipeline
+    to one large model at a time, as on-device runtimes do."""
+    import mmap
+    for m in getattr(module, "_mapped", ()):
+        raw = getattr(m, "_mmap", None)
+        if raw is not None and hasattr(raw, "madvise"):
+            raw.madvise(mmap.MADV_DONTNEED)
+
+
+def read_weights(files, dtype=None, mapped: list | None = None) -> dict:
+    """name -> Tensor from safetensors files, memory-mapped; floating-point tensors of another
+    dtype are converted to `dtype` one at a time (so fp32 files load into fp16 without a full
+    fp32 copy in memory)."""
     target = None if dtype is None else ex.dtypes.as_dtype(dtype).np
     out = {}
     for f in files:
-        try:
-            with safe_open(f, framework="np") as st:
-                for k in st.keys():
-                    a = st.get_tensor(k)
-                    if target is not None and a.dtype.kind == "f" and a.dtype != target:
-                        a = a.astype(target)
-                    out[k] = ex.asarray(a)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ModelError(f"{f!r} is not a readable safetensors file: {e}") from None
+        arrays = mmap_safetensors(f)
+        if mapped is not None:
+            mapped += [_mapping(a) for a in arrays.values()][:1]
+        for k, a in arrays.items():
+            if target is not None and a.dtype.kind == "f" and a.dtype != target:
+                a = a.astype(target)
+            out[k] = ex.asarray(a)
     return out
 
 
 def load_component(module, folder, variant: str | None = None, dtype=None):
     """Load a component's weights into `module` (strict), converting floats to `dtype`."""
-    weights = read_weights(weight_files(folder, variant), dtype)
+    mapped = []
+    weights = read_weights(weight_files(folder, variant), dtype, mapped)
     if hasattr(module, "sanitize"):
         weights = module.sanitize(weights)
     try:
         module.load_weights(weights)
     except ModelError as e:
         raise ModelError(f"{os.fspath(folder)!r}: {e}") from None
+    module._mapped = [m for m in mapped if isinstance(m, np.memmap)]
     return module

@@ -28,8 +28,8 @@ def convert(args) -> int:
     print(f"{args.src} ({src / 1e6:.2f} MB) -> {rep['path']} ({rep['bytes'] / 1e6:.2f} MB, "
           f"{100 * rep['bytes'] / max(src, 1):.0f}%)")
     if args.quant_bits:
-        print(f"  {rep['quantized']} weight tensors as int{args.quant_bits}; max relative weight error "
-              f"{rep['max_rel_error']:.3g}")
+        print(f"  {rep['quantized']} weight tensors as int{args.quant_bits} ({rep['packed']} kept packed when loaded, "
+              f"{rep['quantized'] - rep['packed']} expanded); max relative weight error {rep['max_rel_error']:.3g}")
     return 0
 
 
@@ -97,7 +97,7 @@ def add_subcommands(sub) -> dict:
     c.add_argument("src")
     c.add_argument("dst")
     c.add_argument("--quant-bits", type=int, choices=(4, 8), default=None)
-    c.add_argument("--group-size", type=int, default=64)
+    c.add_argument("--group-size", type=int, choices=(32, 64), default=64)
     r = sub.add_parser("run", help="run a model (.exm or .onnx) on .npy inputs")
     r.add_argument("model")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy")

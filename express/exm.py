@@ -41,12 +41,42 @@ _MIN_QUANT = 1024   # float tensors smaller than this stay float
 
 
 # ---- quantization ----
+def best_clip(rows: np.ndarray, bits: int, g: int) -> np.ndarray:
+    """`rows` (n, k) clipped per group of `g` to the range whose symmetric rounding to `bits` has
+    the least squared error (searched over 0.5..1 of each group's absolute maximum)."""
+    qmax = 127 if bits == 8 else 7
+    out = np.empty(rows.shape, np.float32)
+    for r in range(0, rows.shape[0], 4096):
+        grp = np.asarray(rows[r:r + 4096], np.float32).reshape(-1, rows.shape[1] // g, g)
+        amax = np.abs(grp).max(axis=2, keepdims=True)
+        best, best_err = amax, None
+        for f in np.linspace(0.5, 1.0, 11):
+            lim = amax * f
+            s = np.where(lim > 0, lim / qmax, 1.0)
+            err = np.square(np.clip(np.rint(grp / s), -qmax - (bits == 4), qmax) * s - grp).sum(axis=2, keepdims=True)
+            if best_err is None:
+                best_err = err
+            else:
+                better = err < best_err
+                best, best_err = np.where(better, lim, best), np.where(better, err, best_err)
+        out[r:r + 4096] = np.clip(grp, -best, best).reshape(-1, rows.shape[1])
+    return out
+
+
+def _divisor(k, group_size):
+    """The largest group of at most `group_size` (and at least 8) values dividing `k`, else `k`."""
+    return next((d for d in range(min(group_size, k), 7, -1) if k % d == 0), k)
+
+
 def quantize(w: np.ndarray, bits: int, group_size: int, int8_per_row: bool = True):
-    """Symmetric int8 (per row, or per group) or int4 (per group along the last axis) of a float
-    array: (values int8 (rows, k) or uint8 (rows * k / 2) two a byte, low nibble first; float32
-    scales (rows, k / g); g)."""
-    rows = w.reshape(-1, w.shape[-1]).astype(np.float32)
-    g = w.shape[-1] if bits == 8 and int8_per_row or w.shape[-1] % group_size else group_size
+    """Symmetric int8 (per output row, or per group) or int4 (per group, clipped by `best_clip`) of
+    a float array flattened to (shape[0], -1): (values int8 (rows, k) or uint8 (rows * k / 2) two a
+    byte, low nibble first; float32 scales (rows, k / g); g)."""
+    rows = np.asarray(w, np.float32).reshape(w.shape[0] if w.ndim > 1 else 1, -1)
+    k = rows.shape[1]
+    g = k if bits == 8 and int8_per_row else _divisor(k, group_size)
+    if bits == 4:
+        rows = best_clip(rows, bits, g)
     grouped = rows.reshape(rows.shape[0], -1, g)
     qmax = 127 if bits == 8 else 7
     scale = np.abs(grouped).max(axis=2, keepdims=True) / qmax
@@ -74,6 +104,7 @@ def dequantize(q, scale, shape, bits, g):
 
 # ---- packed weights (kept packed in memory after loading) ----
 def _group(k, group_size):
+    """The group size of a packed weight with `k` inputs: `group_size`, else 32, else None (not packable)."""
     return group_size if k % group_size == 0 else 32 if k % 32 == 0 else None
 
 
@@ -100,7 +131,7 @@ def pack_graph(g, bits: int, group_size: int, stats: dict):
             q = q.reshape(w.shape[0], -1)
             back = dequantize(q, sc, w.shape, bits, gs)
         else:
-            q, sc = quantize_weight(w, bits, gs)
+            q, sc = quantize_weight(best_clip(w, bits, gs) if bits == 4 else w, bits, gs)
             back = dequantize_weight(q, sc, bits, gs)[:w.shape[0]]
         err = float(np.abs(back - w).max() / max(float(np.abs(w).max()), 1e-12))
         stats["max_rel_error"] = max(stats["max_rel_error"], err)

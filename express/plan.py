@@ -214,6 +214,8 @@ class Plan:
             as_step(c, "group", [t], ([c], [t]))
             return c
 
+        for t in inputs:  # every placeholder gets its buffer, even one no output reads
+            leaf(t)
         members: dict[int, list] = {}
         for t in nodes:
             for i in graph.inputs(t, canon):

@@ -31,13 +31,8 @@ _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x
 def attention(q, k, v, mask, scale):
     """q (T, H, hd), k/v (Hkv, L, hd), additive mask (T, L) -> (T, H * hd); GQA when Hkv < H."""
     T, H, hd = q.shape
-    hkv, L = k.shape[0], k.shape[1]
-    rep = H // hkv
-    qh = (q * scale).reshape(T, hkv, rep, hd).permute_dims((1, 2, 0, 3)).reshape(hkv, rep * T, hd)
-    s = (qh @ k.mT).reshape(hkv, rep, T, L) + mask
-    p = F.softmax(s, axis=-1).reshape(hkv, rep * T, L)
-    o = (p @ v).reshape(hkv, rep, T, hd)
-    return o.permute_dims((2, 0, 1, 3)).reshape(T, H * hd)
+    o = F.scaled_dot_product_attention(q.permute_dims((1, 0, 2)), k, v, mask=mask, scale=scale)
+    return o.permute_dims((1, 0, 2)).reshape(T, H * hd)
 
 
 class Attention(nn.Module):

@@ -215,3 +215,10 @@ def test_slice_update_in_place_and_compiled():
         ex.slice_update(cache, ex.ones((2, 2, 3)), 5, axis=1)
     with pytest.raises(ex.ExpressError, match="evaluated"):
         ex.slice_update(ex.zeros((3,)) + 1, ex.ones((1,)), 0)
+
+
+def test_compile_edge_cases():
+    np.testing.assert_array_equal(ex.compile(lambda x, y: x * 2)(ex.ones((3,)), ex.ones((2,))).numpy(), [2, 2, 2])
+    np.testing.assert_array_equal(ex.compile(lambda x: x)(np.arange(3, dtype=np.float32)).numpy(), [0, 1, 2])
+    a, b = ex.compile(lambda x: (x, x.T))(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(b.numpy(), np.arange(6).reshape(2, 3).T)

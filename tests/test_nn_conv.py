@@ -314,3 +314,24 @@ def test_fusion_linear_epilogues():
     gz = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(gx.shape)
     from express.ops.elementwise import _gelu
     close(gn, _gelu(gz))
+
+
+def test_folded_weights_outlive_the_graph():
+    """Weights made by the fusion pass (folded batch norm, Winograd, packed) stay alive with the plan."""
+    import gc
+    x = rnd(1, 16, 20, 20)
+    w1, w2 = rnd(16, 16, 3, 3), rnd(8, 16, 1, 1)
+    m, v = rnd(16), np.abs(rnd(16)) + 0.5
+
+    def net(t):
+        y = F.relu(F.batch_norm(F.conv2d(t, w1, padding=1), m, v))
+        return F.conv2d(F.max_pool2d(y, 2), w2)
+    f = ex.compile(net)
+    f(x)
+    gc.collect()
+    junk = [np.full((64, 1024), 7.0, np.float32) for _ in range(64)]  # reuse any freed memory
+    y = conv2d_ref(x, w1, pads=(1, 1, 1, 1))
+    y = np.maximum((y - m[None, :, None, None]) / np.sqrt(v[None, :, None, None] + 1e-5), 0)
+    y = y.reshape(1, 16, 10, 2, 10, 2).max(axis=(3, 5))
+    close(f(x), conv2d_ref(y, w2))
+    del junk

@@ -28,6 +28,7 @@ typedef struct {
   const ex_conv_params *p;
   const float *x; /* the group's first input channel */
   float *col;
+  const float *xd; /* stride 2: each input row split into even then odd columns (or NULL) */
 } i2c_ctx;
 
 static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
@@ -52,8 +53,16 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
       }
       const float *src = xc + iy * p->w + off;
       for (int64_t ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
-      if (p->sw == 1) memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-      else for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
+      if (p->sw == 1) {
+        memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+      } else if (g->xd && hi > lo) { /* column 2 ox + off of the row: even or odd half */
+        const float *row = g->xd + (ci * p->h + iy) * p->w;
+        const int64_t start = lo * 2 + off; /* >= 0 */
+        const float *half = start & 1 ? row + (p->w + 1) / 2 + start / 2 : row + start / 2;
+        memcpy(dst + lo, half, (size_t)(hi - lo) * sizeof(float));
+      } else {
+        for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
+      }
       for (int64_t ox = hi; ox < p->ow; ox++) dst[ox] = 0.0f;
     }
   }
@@ -70,6 +79,7 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
   /* tile fill of the two orientations: N along NR-wide tiles, or along MR-high ones */
   const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
   const int packed = packed_a_for(p->wpack, ocg, K) != NULL;
+  float *xd = !direct && p->sw == 2 && p->kw > 1 ? malloc((size_t)(cg * p->h * p->w) * sizeof(float)) : NULL;
   float *tr = !packed && N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05
                   ? malloc((size_t)(N * ocg) * sizeof(float)) : NULL;
   int err = EX_OK;
@@ -78,7 +88,16 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
       const float *xg = x + (b * p->c + g * cg) * p->h * p->w;
       const float *B = xg;
       if (!direct) {
-        i2c_ctx ic = {p, xg, col};
+        i2c_ctx ic = {p, xg, col, NULL};
+        if (xd) { /* deinterleave the group's rows once: strided gathers become copies */
+          for (int64_t r = 0; r < cg * p->h; r++) {
+            const float *src = xg + r * p->w;
+            float *ev = xd + r * p->w, *od = ev + (p->w + 1) / 2;
+            for (int64_t i = 0; i < p->w; i += 2) ev[i / 2] = src[i];
+            for (int64_t i = 1; i < p->w; i += 2) od[i / 2] = src[i];
+          }
+          ic.xd = xd;
+        }
         ex_parallel_for(K, EX_MAX(1, 16384 / EX_MAX(N, 1)), im2col_task, &ic);
         B = col;
       }
@@ -109,6 +128,7 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
     }
   free(col);
   free(tr);
+  free(xd);
   return err;
 }
 
@@ -141,6 +161,32 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
       for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = 0.0f;
     }
     const float bv = g->bias ? g->bias[ch] : 0.0f;
+    if (p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1 && p->sh == 1 && p->sw == 1 &&
+        p->oh * PW <= 4096) {
+      /* 3x3 stride 1, small plane: one flat pass over the padded width (the PW - ow extra
+       * columns per row are computed and dropped), so short rows still fill the vectors */
+      const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],
+                  w7 = wc[7], w8 = wc[8];
+      float flat[4096];
+      const int64_t n = (p->oh - 1) * PW + p->ow;
+      const float *r0 = pad, *r1 = pad + PW, *r2 = pad + 2 * PW;
+      for (int64_t i = 0; i < n; i++)
+        flat[i] = bv + ((w0 * r0[i] + w1 * r0[i + 1] + w2 * r0[i + 2]) +
+                        (w3 * r1[i] + w4 * r1[i + 1] + w5 * r1[i + 2]) +
+                        (w6 * r2[i] + w7 * r2[i + 1] + w8 * r2[i + 2]));
+      for (int64_t oy = 0; oy < p->oh; oy++) {
+        float *yr = g->y + (q * p->oh + oy) * p->ow;
+        const float *fr = flat + oy * PW;
+        if (g->res) {
+          const float *rr = g->res + (q * p->oh + oy) * p->ow;
+          for (int64_t ox = 0; ox < p->ow; ox++) yr[ox] = fr[ox] + rr[ox];
+        } else {
+          memcpy(yr, fr, (size_t)p->ow * sizeof(float));
+        }
+        act_row(p->act, yr, p->ow);
+      }
+      continue;
+    }
     if (p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1 && (p->sw == 1 || p->sw == 2)) {
       /* 3x3: all nine taps in one pass over the output row */
       const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],

@@ -61,28 +61,36 @@ static void act_row(int act, float *c, int64_t n) {
   }
 }
 
-/* apply the epilogue to C[i0:i0+mr, j0:j0+nr] (c points at C[i0, j0]) */
+/* apply the epilogue to C[i0:i0+mr, j0:j0+nr] (c points at C[i0, j0]), one pass per row for a
+ * row bias (convolutions) with the common activations */
+#define EPI_LOOP(EXPR)                                                                  \
+  do {                                                                                  \
+    if (r)                                                                              \
+      for (int64_t j = 0; j < nr; j++) { const float v = ci[j] + rb + r[j]; ci[j] = (EXPR); } \
+    else                                                                                \
+      for (int64_t j = 0; j < nr; j++) { const float v = ci[j] + rb; ci[j] = (EXPR); }  \
+  } while (0)
+
 static void epi_tile(const epi_t *e, float *c, int64_t ldc, int64_t i0, int64_t j0, int64_t mr,
                      int64_t nr) {
   if (!e->bias && !e->res && e->act == EX_ACT_NONE) return;
   for (int64_t i = 0; i < mr; i++) {
     float *ci = c + i * ldc;
-    if (e->bias) {
-      if (e->bias_rows) {
-        const float bv = e->bias[i0 + i];
-        for (int64_t j = 0; j < nr; j++) ci[j] += bv;
-      } else {
-        const float *bv = e->bias + j0;
-        for (int64_t j = 0; j < nr; j++) ci[j] += bv[j];
-      }
+    const float rb = e->bias && e->bias_rows ? e->bias[i0 + i] : 0.0f;
+    const float *r = e->res ? e->res + (i0 + i) * e->res_ld + j0 : NULL;
+    if (e->bias && !e->bias_rows) {
+      const float *cb = e->bias + j0;
+      for (int64_t j = 0; j < nr; j++) ci[j] += cb[j];
     }
-    if (e->res) {
-      const float *r = e->res + (i0 + i) * e->res_ld + j0;
-      for (int64_t j = 0; j < nr; j++) ci[j] += r[j];
+    switch (e->act) {
+    case EX_ACT_NONE: EPI_LOOP(v); break;
+    case EX_ACT_RELU: EPI_LOOP(v < 0.0f ? 0.0f : v); break;
+    case EX_ACT_RELU6: EPI_LOOP(v < 0.0f ? 0.0f : v > 6.0f ? 6.0f : v); break;
+    default: EPI_LOOP(v); act_row(e->act, ci, nr);
     }
-    act_row(e->act, ci, nr);
   }
 }
+#undef EPI_LOOP
 
 /* ap <- A[0:mc, 0:kc] as MR-row panels, each kc columns of MR values (zero padded) */
 static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t rs, int64_t cs, float *ap) {

@@ -182,7 +182,10 @@ class UNet2DConditionModel(nn.Module):
         return timestep_embedding(t, self.config.block_out_channels[0], self.config.flip_sin_to_cos,
                                   self.config.freq_shift)
 
-    def forward(self, sample, timestep, encoder_hidden_states, timestep_cond=None, t_features=None):
+    def forward(self, sample, timestep, encoder_hidden_states, timestep_cond=None, t_features=None,
+                low_memory: bool = False):
+        """`low_memory` evaluates block by block, so only one block's temporaries (e.g. float32
+        copies of float16 conv weights) exist at a time."""
         x = ex.asarray(sample) if not isinstance(sample, ex.Tensor) else sample
         ctx = ex.asarray(encoder_hidden_states) if not isinstance(encoder_hidden_states, ex.Tensor) \
             else encoder_hidden_states
@@ -199,12 +202,17 @@ class UNet2DConditionModel(nn.Module):
         cond = None if timestep_cond is None else ex.asarray(timestep_cond) \
             if not isinstance(timestep_cond, ex.Tensor) else timestep_cond
         temb = self.time_embedding(tf, cond)
+        done = (lambda *ts: ex.eval(*ts)) if low_memory else (lambda *ts: None)
         x = self.conv_in(x)
         skips = [x]
+        done(temb, x)
         for blk in self.down_blocks:
             x, outs = blk.down(x, temb, ctx)
             skips += outs
+            done(*outs)
         x = self.mid_block(x, temb, ctx)
+        done(x)
         for blk in self.up_blocks:
             x = blk.up(x, skips, temb, ctx)
+            done(x)
         return self.conv_out(F.silu(self.conv_norm_out(x)))

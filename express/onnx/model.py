@@ -54,6 +54,8 @@ class Model:
     array([[0., 0., 2.]], dtype=float32)
     """
 
+    max_plans = 8   # compiled input signatures kept per model (the least recently used is dropped)
+
     def __init__(self, ir: ModelIR, optimize: bool = True):
         self.ir = ir
         if optimize:
@@ -97,7 +99,9 @@ class Model:
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def run(self, feeds: dict, output_names=None) -> dict:
-        """Run the model on NumPy arrays: returns {output name: np.ndarray}."""
+        """Run the model on NumPy arrays: returns {output name: np.ndarray}. The first run for an
+        input signature (feed shapes and dtypes, outputs asked for) compiles the graph; later runs
+        with that signature replay it."""
         if not isinstance(feeds, dict):
             raise ExpressError(f"run: feeds must be a dict of input name -> array, got {type(feeds).__name__}")
         names = [v.name for v in self.outputs] if output_names is None else list(output_names)
@@ -118,15 +122,13 @@ class Model:
             if fn is not None:
                 try:
                     outs = fn(*[checked[k] for k in order])
-                    return {n: np.array(outs[n].numpy()) for n in names}
+                    return {n: outs[n].numpy() for n in names}   # fresh arrays, not the plan's buffers
                 except Exception:   # not compilable (the graph reads input values while it is built, ...):
                     self._plans[key] = None   # build and evaluate it per run, where a real error is raised
         outs = self._build(checked, names)
         tensors = [t for n in names for t in _flat(outs[n])]
         ex.eval(*tensors)
         return {n: _to_numpy(outs[n]) for n in names}
-
-    max_plans = 8   # compiled input signatures kept per model (least recently used dropped first)
 
     def _compile(self, order, names):
         def fn(*ts):

@@ -32,15 +32,16 @@ class OpImpl:
     fn: object
     ctx: bool = False
     host: bool = False
+    kernel: str = ""   # the fused kernel of express.nn.functional it runs on, where it applies
 
 
 OPS: dict[str, OpImpl] = {}
 
 
-def op(*names, ctx=False, host=False, domain=""):
+def op(*names, ctx=False, host=False, domain="", kernel=""):
     def deco(fn):
         for n in names:
-            OPS[f"{domain}:{n}" if domain else n] = OpImpl(fn, ctx, host)
+            OPS[f"{domain}:{n}" if domain else n] = OpImpl(fn, ctx, host, kernel)
         return fn
     return deco
 
@@ -172,7 +173,7 @@ def hard_swish(x):
     return x * ex.clip(x * (1 / 6) + 0.5, 0.0, 1.0)
 
 
-@op("Gelu")
+@op("Gelu", kernel="gelu")
 def gelu(x, *, approximate="none"):
     return F.gelu(x, approximate=approximate)
 
@@ -373,8 +374,8 @@ def _softmax(kind):
     return run
 
 
-op("Softmax", ctx=True)(_softmax("soft"))
-op("LogSoftmax", ctx=True)(_softmax("log"))
+op("Softmax", ctx=True, kernel="softmax")(_softmax("soft"))
+op("LogSoftmax", ctx=True, kernel="log_softmax")(_softmax("log"))
 op("Hardmax", ctx=True)(_softmax("hard"))
 
 
@@ -643,7 +644,7 @@ def _pad(x, before, after, mode="constant", value=0):
     return x
 
 
-@op("Pad")
+@op("Pad", kernel="pad")
 def pad(x, pads=None, value=None, axes=None, *, mode="constant", **old):
     if pads is None:
         p, v = old["pads"], old.get("value", 0.0)
@@ -1027,7 +1028,7 @@ def _conv(x, w, b, k, strides, dilations, before, after, group, zero=0.0):
     return y
 
 
-@op("Conv")
+@op("Conv", kernel="conv2d")
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     setup = _conv_setup(x, w.shape, kernel_shape, strides, dilations, pads, auto_pad)
     return _conv(x, w, b, *setup, group)
@@ -1053,7 +1054,7 @@ def qlinear_conv(x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, b=None, *, auto_pad="NOT
     return _requant(acc, x_s.astype(ex.float32) * ws, y_s.astype(ex.float32), y_zp)
 
 
-@op("ConvTranspose")
+@op("ConvTranspose", kernel="conv2d")
 def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    output_padding=None, output_shape=None, pads=None, strides=None):
     nd = x.ndim - 2
@@ -1122,7 +1123,7 @@ def _pool_kernel_ok(x, k, b, a):
     return USE_F_CONV2D and x.ndim == 4 and x.dtype.is_float and b == a and all(2 * p <= kk for p, kk in zip(b, k))
 
 
-@op("MaxPool", ctx=True)
+@op("MaxPool", ctx=True, kernel="max_pool2d")
 def max_pool(ctx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
              strides=None):
     k, s, d, b, a, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
@@ -1156,7 +1157,7 @@ def max_pool(ctx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_s
     return ex.reshape(y, shape), ex.reshape(idx, shape)
 
 
-@op("AveragePool")
+@op("AveragePool", kernel="avg_pool2d")
 def avg_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None,
              strides=None):
     k, s, d, b, a, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
@@ -1187,14 +1188,14 @@ def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, 
     return ex.reshape(y, x.shape[:2] + tuple(out))
 
 
-@op("GlobalAveragePool")
+@op("GlobalAveragePool", kernel="adaptive_avg_pool2d")
 def global_avg_pool(x):
     if _pool_kernel_ok(x, (2, 2), (0, 0), (0, 0)) and min(x.shape[2:]) > 0:
         return F.adaptive_avg_pool2d(x, 1)
     return ex.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
-@op("GlobalMaxPool")
+@op("GlobalMaxPool", kernel="adaptive_max_pool2d")
 def global_max_pool(x):
     if _pool_kernel_ok(x, (2, 2), (0, 0), (0, 0)) and min(x.shape[2:]) > 0:
         return F.adaptive_max_pool2d(x, 1)
@@ -1211,7 +1212,7 @@ def _chan(p, ndim):
     return ex.reshape(p, (-1,) + (1,) * (ndim - 2))
 
 
-@op("BatchNormalization")
+@op("BatchNormalization", kernel="batch_norm")
 def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1,
                is_test=0, consumed_inputs=None):
     if training_mode:
@@ -1241,7 +1242,7 @@ def instance_norm(x, scale, bias, *, epsilon=1e-5):
     return y * _chan(scale, x.ndim) + _chan(bias, x.ndim)
 
 
-@op("LayerNormalization")
+@op("LayerNormalization", kernel="layer_norm")
 def layer_norm(x, scale=None, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """The fused layer_norm kernel where scale and bias have the normalized shape; the mean and
     inverse std outputs are built lazily (computed only when the graph reads them)."""
@@ -1259,7 +1260,7 @@ def layer_norm(x, scale=None, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1)
     return y.astype(x.dtype), m, inv
 
 
-@op("RMSNormalization")
+@op("RMSNormalization", kernel="rms_norm")
 def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     axis = naxis(axis, x.ndim)
     if axis == x.ndim - 1 and x.dtype.is_float and scale.shape == x.shape[-1:]:
@@ -1400,7 +1401,7 @@ def _resize_axis(x, a, out_n, scale, mode, ctm, nearest_mode, cubic_a, exclude_o
     return y
 
 
-@op("Resize")
+@op("Resize", kernel="interpolate")
 def resize(x, roi=None, scales=None, sizes=None, *, mode="nearest", coordinate_transformation_mode="half_pixel",
            cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, nearest_mode="round_prefer_floor",
            antialias=0, axes=None, keep_aspect_ratio_policy="stretch"):
@@ -1754,7 +1755,7 @@ _FUSED_ACT = {"": lambda y: y, "Relu": F.relu, "Gelu": F.gelu, "Sigmoid": F.sigm
               "GeluTanh": lambda y: F.gelu(y, approximate="tanh")}
 
 
-@op("Linear", domain="express")
+@op("Linear", domain="express", kernel="linear")
 def linear(x, w, b=None, *, activation="", wt=0):
     """`act(x @ W + b)`; `wt=1`: the weight is stored (out, in) and runs on the linear kernel."""
     if wt and x.dtype.is_float and x.ndim >= 1:
@@ -1765,7 +1766,7 @@ def linear(x, w, b=None, *, activation="", wt=0):
     return _FUSED_ACT[activation](y)
 
 
-@op("QLinear", domain="express")
+@op("QLinear", domain="express", kernel="qlinear")
 def qlinear(x, qweight, scales, b=None, *, bits, group_size, out_features, activation=""):
     """`act(x @ dequantize(W).T + b)` with W kept packed as express.ops.quant packs it, expanded
     inside the kernel (express.ops.quant.qlinear)."""
@@ -1808,7 +1809,7 @@ def _sdpa_ok(q, k, v, m):
     return m is None or (m.ndim <= len(full) and np.broadcast_shapes(m.shape, full) == full)
 
 
-@op("Attention", domain="express")
+@op("Attention", domain="express", kernel="scaled_dot_product_attention")
 def attention(q, kt, v, mask=None, *, scale=1.0, mask_kind="add", nan_guard=0, softmax_axis=-1, legacy_softmax=0):
     """softmax(q @ kt * scale + mask) @ v (kt: K transposed, as the written-out graph multiplies it)
     on the fused scaled_dot_product_attention kernel; `mask_kind` "fill_true"/"fill_false": `mask`
@@ -1831,7 +1832,7 @@ def attention(q, kt, v, mask=None, *, scale=1.0, mask_kind="add", nan_guard=0, s
     return ex.matmul(p, v)
 
 
-@op("Attention")
+@op("Attention", kernel="scaled_dot_product_attention")
 def attention_onnx(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
                    is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None,
                    softcap=0.0, softmax_precision=None):
@@ -1869,6 +1870,13 @@ def attention_onnx(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonp
         pad = const(pad.reshape(-1, 1, 1, skv))
         bias = pad if bias is None else bias + pad
     hq, hk = Q.shape[1], K.shape[1]
+    fast = None
+    full = (Q.shape[0], hq, sq, skv)
+    if not softcap and Q.dtype.is_float and hq % hk == 0 and min(Q.shape + K.shape + V.shape) > 0 and (
+            bias is None or bias.ndim <= 4 and np.broadcast_shapes(bias.shape, full) == full):
+        fast = F.scaled_dot_product_attention(Q, K, V, bias, scale=float(scale))
+        if bias is not None:
+            fast = ex.where(ex.equal(ex.max(bias, axis=-1, keepdims=True), -math.inf), 0.0, fast).astype(fast.dtype)
     if hq != hk:
         rep = hq // hk
         K = ex.reshape(ex.broadcast_to(ex.expand_dims(K, 2), (K.shape[0], hk, rep) + K.shape[2:]), (K.shape[0], hq) + K.shape[2:])
@@ -1887,13 +1895,45 @@ def attention_onnx(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonp
         p = ex.where(dead, 0.0, p)
     if qk_matmul_output_mode == 3:
         qk = p
-    y = ex.matmul(p, V.astype(ex.float32)).astype(f)
+    y = ex.matmul(p, V.astype(ex.float32)).astype(f) if fast is None else fast.astype(f)
     if rank3:
         y = ex.reshape(ex.permute_dims(y, (0, 2, 1, 3)), (y.shape[0], y.shape[2], -1))
     return y, present_k, present_v, qk.astype(f)
 
 
 op("Swish")(lambda x, *, alpha=1.0: x * F.sigmoid(x * alpha))
+
+
+@op("SwiGLU")
+def swiglu(a, b, *, alpha=1.0):
+    if a.shape != b.shape:
+        raise ShapeError(f"SwiGLU: inputs {a.shape} and {b.shape} must have the same shape")
+    return (a * F.sigmoid(a * alpha).astype(a.dtype) * b).astype(a.dtype)
+
+
+@op("RotaryEmbedding")
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
+                     rotary_embedding_dim=0):
+    """Rotate (pairs of) the first `rotary_embedding_dim` features of each head by the cached
+    angles: x (B, H, S, D) or (B, S, H * D); caches (S, d / 2), or (max_pos, d / 2) read at position_ids."""
+    four = x.ndim == 4
+    y = ex.permute_dims(x, (0, 2, 1, 3)) if four else ex.reshape(x, x.shape[:2] + (num_heads, -1))
+    d = rotary_embedding_dim or y.shape[3]
+    if position_ids is not None:
+        cos_cache, sin_cache = ex.take(cos_cache, position_ids, axis=0), ex.take(sin_cache, position_ids, axis=0)
+    if cos_cache.shape[-1] != d // 2 or sin_cache.shape[-1] != d // 2:
+        raise ShapeError(f"RotaryEmbedding: caches {cos_cache.shape}, {sin_cache.shape} do not hold {d // 2} angles")
+    c, s = ex.expand_dims(cos_cache, -2), ex.expand_dims(sin_cache, -2)   # (B or 1, S, 1, d / 2)
+    rot, rest = y[..., :d], y[..., d:]
+    if interleaved:
+        pairs = ex.reshape(rot, rot.shape[:3] + (d // 2, 2))
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+    else:
+        x1, x2 = rot[..., :d // 2], rot[..., d // 2:]
+    real, imag = c * x1 - s * x2, s * x1 + c * x2
+    rot = ex.reshape(ex.stack([real, imag], axis=-1), rot.shape) if interleaved else ex.concat([real, imag], axis=-1)
+    y = ex.concat([rot, rest], axis=-1).astype(x.dtype) if d < y.shape[3] else rot.astype(x.dtype)
+    return ex.permute_dims(y, (0, 2, 1, 3)) if four else ex.reshape(y, x.shape)
 op("CumProd", host=True)(lambda x, axis, *, exclusive=0, reverse=0: host(
     lambda a, ax: _cumprod(a, int(ax.reshape(-1)[0]), exclusive, reverse), x, axis))
 

@@ -1,7 +1,8 @@
 """Graph passes run on import, on the importer's graph (ir.py):
 
 - constant folding: a node whose inputs are all initializers (Constant nodes included) is run
-  once and replaced by its value;
+  once and replaced by its value (when that is not larger than 4M values or than its inputs, so
+  int8 weights dequantized by Cast and Mul fold to float32 once);
 - BatchNormalization after a Conv folds into the Conv's weights and bias;
 - LayerNorm written out (ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, Mul, Add) becomes
   one LayerNormalization node (the fused layer_norm kernel);
@@ -84,7 +85,8 @@ def fold_constants(g: Graph, opset: int) -> int:
             ctx.node = n
             res = impl.fn(ctx, *args, **n.attrs) if impl.ctx else impl.fn(*args, **n.attrs)
             res = res if isinstance(res, tuple) else (res,)
-            if not all(isinstance(r, Tensor) and r.size <= _MAX_FOLD for r, o in zip(res, n.outputs) if o):
+            limit = max([_MAX_FOLD] + [g.initializers[i].size for i in ins])   # never larger than its inputs
+            if not all(isinstance(r, Tensor) and r.size <= limit for r, o in zip(res, n.outputs) if o):
                 keep.append(n)
                 continue
             for r, o in zip(res, n.outputs):
@@ -130,7 +132,7 @@ def fold_batchnorm(g: Graph) -> int:
 _ACTS = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh"}
 
 
-def _linear_weight(g: Graph, v, node):
+def _linear_weight(g: Graph, node):
     """(weight (out, in) float32 as stored for the linear kernel, bias name or None) of a MatMul or
     Gemm by a constant 2-D weight, else None."""
     w = g.initializers.get(node.inputs[1]) if len(node.inputs) > 1 else None
@@ -148,7 +150,7 @@ def _linear_weight(g: Graph, v, node):
     b = g.initializers.get(c)
     if b is None or b.size != wt.shape[0] or b.ndim > 2 or b.ndim == 2 and b.shape[0] != 1:
         return None
-    bn = c + "/gemm_bias"
+    bn = f"{c}/{node.outputs[0]}/bias"
     g.initializers[bn] = (np.asarray(b).reshape(-1) * np.asarray(a.get("beta", 1.0), b.dtype)).astype(b.dtype)
     return np.ascontiguousarray(wt), bn
 
@@ -159,7 +161,7 @@ def fuse_linear(g: Graph) -> int:
     for mm in g.nodes:
         if mm.op_type not in ("MatMul", "Gemm") or mm.domain or len(mm.outputs) != 1 or id(mm) in drop:
             continue
-        got = _linear_weight(g, v, mm)
+        got = _linear_weight(g, mm)
         if got is None:
             continue
         wt, bias = got
@@ -213,9 +215,10 @@ class _View:
         self.outs = {o.name for o in g.outputs}
 
     def const(self, name):
-        """The float value of a one-element initializer, else None."""
+        """The float value of a one-element initializer of rank 0 or 1 (it does not raise the rank of
+        what it multiplies), else None."""
         a = self.g.initializers.get(name)
-        if a is None or a.size != 1 or a.dtype.kind not in "fiu":
+        if a is None or a.size != 1 or a.ndim > 1 or a.dtype.kind not in "fiu":
             return None
         return float(np.asarray(a).reshape(-1)[0])
 
@@ -289,7 +292,7 @@ def fuse_layernorm(g: Graph) -> int:
             continue
         d = sub.outputs[0]
         users = v.cons.get(d, [])
-        sq = next((n for n in users if n.op_type == "Pow" and v.split(n, 2.0)[1] == d
+        sq = next((n for n in users if n.op_type == "Pow" and n.inputs[0] == d and v.const(n.inputs[1]) == 2.0
                    or n.op_type == "Mul" and n.inputs == [d, d]), None)
         div = next((n for n in users if n.op_type == "Div" and n.inputs[0] == d), None)
         if sq is None or div is None or len(users) != 2 or not v.private(d, 2 + (sq.op_type == "Mul")):

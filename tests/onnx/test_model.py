@@ -272,3 +272,34 @@ def test_linear_fusion_and_constant_folding():
     assert [(n.domain, n.op_type, n.attrs) for n in m.ir.graph.nodes] == [("express", "Linear", {"activation": "Relu", "wt": 1})]
     x = rng.standard_normal((3, 8)).astype(np.float32)
     close(m.run({"x": x})["y"], np.maximum(x @ w + np.arange(4) ** 2, 0), 1e-5)
+
+
+def test_run_reuses_the_compiled_plan_per_input_signature(monkeypatch):
+    data = mlp_model().SerializeToString()
+    m = eo.load(data)
+    builds = []
+    build = m._build
+    monkeypatch.setattr(m, "_build", lambda *a, **k: builds.append(1) or build(*a, **k))
+    rng = np.random.default_rng(0)
+    for b in (2, 2, 2, 5, 5, 2):
+        x = rng.standard_normal((b, 16)).astype(np.float32)
+        got = m.run({"x": x})
+        close(got["y"], ort_run(data, {"x": x})["y"], 1e-5)
+        np.testing.assert_array_equal(got["s"], [b, 16])
+    assert len(builds) == 2 and len(m._plans) == 2      # traced once per batch size, replayed after
+    m.run({"x": x}, output_names=["y"])                 # other outputs asked for: another signature
+    assert len(builds) == 3 and len(m._plans) == 3
+
+
+def test_run_of_a_value_dependent_graph_is_rebuilt_each_time():
+    """TopK's k comes from an input: the graph cannot be traced once, and each run builds it."""
+    g = h.make_graph([h.make_node("TopK", ["x", "k"], ["v", "i"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [6]), h.make_tensor_value_info("k", TP.INT64, [1])],
+                     [h.make_tensor_value_info("v", TP.FLOAT, None), h.make_tensor_value_info("i", TP.INT64, None)])
+    data = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    m = eo.load(data)
+    x = np.array([3, 1, 4, 1, 5, 9], np.float32)
+    for k in (2, 3, 2):
+        feeds = {"x": x, "k": np.array([k], np.int64)}
+        close(m.run(feeds)["v"], ort_run(data, feeds)["v"], 0)
+    assert list(m._plans.values()) == [None]

