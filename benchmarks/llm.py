@@ -255,10 +255,16 @@ def main():
         for th in a.threads:
             bw = run_worker("bandwidth", "", th, a.repeat)["gbps"]
             bound = bw * 1e9 / nbytes
-            if "express" in a.engines:
-                rows.append((f"express int{bits}", th, run_worker("express", ours, th, a.repeat), bound))
-            if "llama.cpp" in a.engines:
-                rows.append((f"llama.cpp {qname}", th, run_worker("llama.cpp", gg, th, a.repeat), bound))
+            # engines alternate run by run, so a burst of load elsewhere hits both alike
+            runs = [(f"express int{bits}", "express", ours), (f"llama.cpp {qname}", "llama.cpp", gg)]
+            runs = [r for r in runs if r[1] in a.engines]
+            best = {}
+            for _ in range(a.repeat):
+                for name, kind, path in runs:
+                    r = run_worker(kind, path, th)
+                    best[name] = r if name not in best or "error" in r else \
+                        {k: max(best[name][k], r[k]) for k in r}
+            rows += [(name, th, best[name], bound) for name, _, _ in runs]
     if "torch" in a.engines:
         for th in a.threads:
             rows.append(("torch fp32", th, run_worker("torch", hf, th), None))

@@ -82,3 +82,14 @@ def test_fp16_weights_fp32_compute(sd_folder):
     got = unet(x, 10, ctx).numpy()
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3 * np.abs(want).max())
+
+
+def test_sharded_weights(sd_folder, tmp_path):
+    """A UNet saved in shards (an index json) loads the same."""
+    root, pipe = sd_folder
+    pipe.unet.save_pretrained(tmp_path, max_shard_size="100KB", safe_serialization=True)
+    assert (tmp_path / "diffusion_pytorch_model.safetensors.index.json").is_file()
+    a = _load(UNet2DConditionModel, root, "unet")
+    b = load_component(UNet2DConditionModel(read_json(tmp_path / "config.json")), tmp_path)
+    for k, v in a.named_parameters().items():
+        np.testing.assert_array_equal(b.named_parameters()[k].numpy(), v.numpy())

@@ -3,7 +3,7 @@ config, tensor names, the embedded tokenizer, and bad files."""
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as Q, quants  # noqa: E402
 
 import express as ex  # noqa: E402
