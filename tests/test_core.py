@@ -222,3 +222,19 @@ def test_compile_edge_cases():
     np.testing.assert_array_equal(ex.compile(lambda x: x)(np.arange(3, dtype=np.float32)).numpy(), [0, 1, 2])
     a, b = ex.compile(lambda x: (x, x.T))(np.arange(6, dtype=np.float32).reshape(2, 3))
     np.testing.assert_array_equal(b.numpy(), np.arange(6).reshape(2, 3).T)
+
+
+def test_compile_folds_duplicate_constants():
+    def f(x):
+        return x * ex.exp(ex.ones((4,))) + ex.exp(ex.ones((4,)))  # two equal constant subgraphs
+
+    g = ex.compile(f)
+    np.testing.assert_allclose(g(np.ones(4, np.float32)).numpy(), 2 * np.e, rtol=1e-6)
+    assert next(iter(g.cache.values())).plan.n_steps == 1
+
+
+def test_equal_roots_get_their_own_buffers():
+    k, v = ex.zeros((4, 2)), ex.zeros((4, 2))  # the same expression: merged, but not shared
+    ex.eval(k, v)
+    ex.slice_update(k, ex.ones((1, 2)), 0).numpy()
+    assert k.numpy()[0, 0] == 1 and v.numpy()[0, 0] == 0

@@ -335,3 +335,11 @@ def test_folded_weights_outlive_the_graph():
     y = y.reshape(1, 16, 10, 2, 10, 2).max(axis=(3, 5))
     close(f(x), conv2d_ref(y, w2))
     del junk
+
+
+def test_winograd_weights_cached_per_weight_tensor():
+    """A constant weight tensor used by several evaluations is transformed once and stays right."""
+    x, w = rnd(1, 16, 32, 32), ex.asarray(rnd(16, 16, 3, 3))
+    want = conv2d_ref(x, w.numpy(), pads=(1, 1, 1, 1))
+    for _ in range(2):
+        close(F.conv2d(x, w, padding=1), want)

