@@ -1,19 +1,3 @@
 /* The portable build of every kernel (baseline ISA of the target; plain C). */
-#include "kernels/common.h"
-#include "kernels/elementwise.c"
-#include "kernels/layout.c"
-#include "kernels/reduce.c"
-#include "kernels/gemm.c"
-#include "kernels/norm.c"
-#include "kernels/conv.c"
-#include "kernels/pool.c"
-#include "kernels/normalize.c"
-#include "kernels/attention.c"
-
-const ex_kernel_table ex_kernels_generic = {
-    .elementwise = elementwise, .copy = copy, .reduce = reduce, .cumsum = cumsum,
-    .matmul = matmul, .softmax = softmax, .linear = linear, .conv2d = conv2d, .winograd_weights = winograd_weights,
-    .conv_packed_size = conv_packed_size, .conv_pack_weights = conv_pack_weights,
-    .conv_transpose2d = conv_transpose2d, .pool2d = pool2d, .adaptive_pool2d = adaptive_pool2d,
-    .resize2d = resize2d, .pad = pad, .layer_norm = layer_norm, .rms_norm = rms_norm,
-    .group_norm = group_norm, .batch_norm = batch_norm, .attention = attention};
+#define EX_TABLE ex_kernels_generic
+#include "variant_body.h"

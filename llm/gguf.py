@@ -17,6 +17,7 @@ group format, so converting costs no accuracy.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -36,6 +37,14 @@ class QuantBlocks:
     group: int
     bits: int                  # bits the codes need (4, 5, 6 or 8)
     kind: str                  # the GGUF type name
+
+    @property
+    def shape(self):
+        return self.codes.shape
+
+    def rows(self, r0: int, r1: int) -> "QuantBlocks":
+        cut = lambda a: None if a is None else a[r0:r1]  # noqa: E731
+        return QuantBlocks(self.codes[r0:r1], self.scales[r0:r1], cut(self.offsets), self.group, self.bits, self.kind)
 
     def dequantize(self) -> np.ndarray:
         r, c = self.codes.shape
@@ -125,9 +134,33 @@ _QUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q5_0": _q5_0, "Q4_K": _q4_k, "Q5_K": _q
 _FLOAT = {"F32": np.float32, "F16": np.float16}
 
 
-def decode_tensor(t, where: str = "gguf"):
-    """A GGUF tensor as a float NumPy array (F32/F16/BF16) or `QuantBlocks`, in row-major
-    (rows, cols) order: GGUF lists dims innermost first, so (cols, rows) becomes (rows, cols)."""
+@dataclass
+class QuantTensor:
+    """A quantized GGUF matrix still in its file's blocks (memory-mapped); `rows` decodes a range,
+    so converting a large table needs memory for one chunk at a time."""
+    raw: np.ndarray   # uint8 (rows, bytes per row)
+    shape: tuple
+    kind: str
+
+    def rows(self, r0: int, r1: int) -> QuantBlocks:
+        cols = self.shape[-1]
+        q, scales, offsets, group, bits = _QUANT[self.kind](np.ascontiguousarray(self.raw[r0:r1]).reshape(-1), r1 - r0)
+        n = r1 - r0
+        return QuantBlocks(q.reshape(n, cols), scales.reshape(n, cols // group).astype(np.float32),
+                           None if offsets is None else offsets.reshape(n, cols // group).astype(np.float32),
+                           group, bits, self.kind)
+
+    def decode(self) -> QuantBlocks:
+        return self.rows(0, self.shape[0])
+
+    def dequantize(self) -> np.ndarray:
+        return self.decode().dequantize()
+
+
+def decode_tensor(t, where: str = "gguf", lazy: bool = False):
+    """A GGUF tensor as a float NumPy array (F32/F16/BF16) or `QuantBlocks` (a `QuantTensor` with
+    `lazy`), in row-major (rows, cols) order: GGUF lists dims innermost first, so (cols, rows)
+    becomes (rows, cols)."""
     kind = t.tensor_type.name
     shape = tuple(int(s) for s in reversed(t.shape))
     if kind in _FLOAT:
@@ -138,12 +171,9 @@ def decode_tensor(t, where: str = "gguf"):
     if kind not in _QUANT:
         raise ModelError(f"{where}: tensor {t.name!r} has quantization type {kind}, which is not supported "
                          f"(supported: F32, F16, BF16, {', '.join(_QUANT)})")
-    rows, cols = int(np.prod(shape[:-1])), shape[-1]
-    q, scales, offsets, group, bits = _QUANT[kind](np.asarray(t.data, np.uint8).reshape(-1), rows)
-    per_row = cols // group
-    return QuantBlocks(q.reshape(rows, cols), scales.reshape(rows, per_row).astype(np.float32),
-                       None if offsets is None else offsets.reshape(rows, per_row).astype(np.float32),
-                       group, bits, kind)
+    rows = int(np.prod(shape[:-1]))
+    qt = QuantTensor(np.asarray(t.data, np.uint8).reshape(rows, -1), (rows, shape[-1]), kind)
+    return qt if lazy else qt.decode()
 
 
 class GGUFFile:
@@ -171,6 +201,10 @@ class GGUFFile:
             except Exception as e:
                 raise ModelError(f"{self.path}: unreadable metadata field {k!r}: {e}") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
+        # the parser keeps a NumPy array per part of every field (a million for a 262k vocabulary):
+        # with the values read above, drop them
+        self.reader.fields.clear()
+        gc.collect()
 
     def get(self, key, default=None):
         return self.metadata.get(key, default)
@@ -254,12 +288,14 @@ def load_weights(g: GGUFFile, cfg: dict) -> dict:
         hf = hf_name(arch, name)
         if hf is None:
             continue
-        w = decode_tensor(t, g.path)
+        w = decode_tensor(t, g.path, lazy=True)
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = np.asarray(w, np.float32) - 1.0  # GGUF folds Gemma's (1 + w) into the weight
+        elif not isinstance(w, QuantTensor):
+            w = np.array(w)  # a copy, so the file's mapping is released once the model is built
         if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
             heads = cfg["num_attention_heads"] if ".q_proj." in hf else cfg["num_key_value_heads"]
-            w = _unpermute_blocks(w, heads)
+            w = _unpermute_blocks(w.decode() if isinstance(w, QuantTensor) else w, heads)
         out[hf] = w
     return out
 
@@ -339,15 +375,28 @@ def _spm_merges(tokens, scores, types, vocab):
 _LOSSLESS = {"Q8_0": 8, "Q4_0": 4, "Q5_0": 8}  # codes that fit our int8/int4 groups of 32 as they are
 
 
-def to_packed(qb: QuantBlocks):
-    """(qweight, scales, bits) in express's packed group-32 format. Q8_0/Q4_0/Q5_0 keep their codes
-    and scales exactly; the K types (groups of 16, or with a per-group minimum) are requantized to
-    int8 groups of 32 from their decoded values, an error of at most half an int8 step."""
+def _pack(qb: QuantBlocks):
     from express.ops.quant import pack_weight, quantize_weight
     if qb.kind in _LOSSLESS and qb.group == 32 and qb.offsets is None:
         bits = _LOSSLESS[qb.kind]
         return (*pack_weight(qb.codes, qb.scales, bits, 32), bits)
     return (*quantize_weight(qb.dequantize(), 8, 32), 8)
+
+
+def to_packed(w, chunk: int = 16384):
+    """(qweight, scales, bits) in express's packed group-32 format, converted `chunk` rows at a
+    time. Q8_0/Q4_0/Q5_0 keep their codes and scales exactly; the K types (groups of 16, or with a
+    per-group minimum) are requantized to int8 groups of 32 from their decoded values, an error
+    of at most half an int8 step."""
+    n = w.shape[0]
+    out_q = out_s = None
+    for r0 in range(0, n, chunk):  # chunk is a multiple of 8: packed rows come in groups of 8
+        q, s, bits = _pack(w.rows(r0, min(n, r0 + chunk)))
+        if out_q is None:
+            g = -(-n // 8)
+            out_q, out_s = np.empty((g,) + q.shape[1:], q.dtype), np.empty((g,) + s.shape[1:], s.dtype)
+        out_q[r0 // 8:r0 // 8 + q.shape[0]], out_s[r0 // 8:r0 // 8 + s.shape[0]] = q, s
+    return out_q, out_s, bits
 
 
 def load_model(path):
@@ -367,22 +416,23 @@ def load_model(path):
     cfg = ModelConfig.from_dict(cfg_dict, g.path)
     model = CausalLM(cfg)
     weights = load_weights(g, cfg_dict)
-    packed = {k: v for k, v in weights.items() if isinstance(v, QuantBlocks)}
+    packed = {k: v for k, v in weights.items() if isinstance(v, (QuantBlocks, QuantTensor))}
     lin_names = set()
 
     def swap(name, lin):
         qb = packed.get(name + ".weight")
         if qb is None:
             return None
-        if qb.codes.shape != tuple(lin.weight.shape):
-            raise ModelError(f"{g.path}: tensor for {name!r} has shape {qb.codes.shape}, the config implies "
+        if tuple(qb.shape) != tuple(lin.weight.shape):
+            raise ModelError(f"{g.path}: tensor for {name!r} has shape {tuple(qb.shape)}, the config implies "
                              f"{tuple(lin.weight.shape)}")
         lin_names.add(name + ".weight")
         q, s, bits = to_packed(qb)
-        return QuantizedLinear(q, s, lin.bias, bits, 32, qb.codes.shape[0])
+        return QuantizedLinear(q, s, lin.bias, bits, 32, qb.shape[0])
     replace_linears(model, swap)
     emb = weights.get("model.embed_tokens.weight")
-    if isinstance(emb, QuantBlocks):  # the (tied) head holds the table; lookups dequantize rows
+    quant_emb = isinstance(emb, (QuantBlocks, QuantTensor))
+    if quant_emb:  # the (tied) head holds the table; lookups dequantize rows
         model.model.embed_tokens.weight = ex.zeros((0, cfg.hidden_size))
         weights["model.embed_tokens.weight"] = np.zeros((0, cfg.hidden_size), np.float32)
     weights = {k: v for k, v in weights.items() if k not in lin_names}
@@ -391,7 +441,7 @@ def load_model(path):
     if unknown:
         raise ModelError(f"{g.path}: quantized tensors {unknown[:3]} are not linear layers of {cfg.architecture}")
     assign(model, weights, g.path)
-    if isinstance(emb, QuantBlocks):
+    if quant_emb:
         if not cfg.tie_word_embeddings:
             raise ModelError(f"{g.path}: a quantized embedding needs a tied output head")
         q, s, bits = to_packed(emb)
