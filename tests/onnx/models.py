@@ -116,11 +116,11 @@ def randomize_bn(m):
 
 @functools.lru_cache(maxsize=None)
 def resnet18():
-    """ResNet-18's layout (2-2-2-2 basic blocks) at a quarter of its width, dynamic batch and size."""
+    """ResNet-18 (2-2-2-2 basic blocks, full width, 1000 classes), dynamic batch and size (run small)."""
     import torch
     nn = torch.nn
     torch.manual_seed(0)
-    w = 16
+    w = 64
 
     class ResNet18(nn.Module):
         def __init__(self):
@@ -132,7 +132,7 @@ def resnet18():
             for i in range(4):
                 layers += [_block(chans[i], chans[i + 1], 1 if i == 0 else 2), _block(chans[i + 1], chans[i + 1], 1)]
             self.layers = nn.Sequential(*layers)
-            self.fc = nn.Linear(8 * w, 10)
+            self.fc = nn.Linear(8 * w, 1000)
 
         def forward(self, x):
             y = self.layers(self.stem(x))

@@ -75,16 +75,16 @@ def test_mobilenet_v2():
             def forward(self, x):
                 return x + self.body(x) if self.res else self.body(x)
         return IR()
-    # MobileNetV2's inverted-residual stages (t, c, n, s) at reduced width
-    cfg = [(1, 8, 1, 1), (6, 12, 2, 2), (6, 16, 3, 2), (6, 24, 2, 2), (6, 32, 1, 1)]
-    layers = [nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6()]
-    cin = 8
+    # MobileNetV2 (width 1.0): its inverted-residual stages (t, c, n, s)
+    cfg = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    layers = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()]
+    cin = 32
     for t, c, n, s in cfg:
         for i in range(n):
             layers.append(inverted(cin, c, s if i == 0 else 1, t))
             cin = c
-    layers += [nn.Conv2d(cin, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(), nn.AdaptiveAvgPool2d(1),
-               nn.Flatten(), nn.Dropout(0.2), nn.Linear(64, 10)]
+    layers += [nn.Conv2d(cin, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6(), nn.AdaptiveAvgPool2d(1),
+               nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, 1000)]
     model = models.randomize_bn(nn.Sequential(*layers))
     x = torch.randn(1, 3, 64, 64)
     data = export(model, (x,), ["x"], ["y"], {"x": {0: "b"}})
