@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 
-import ml_dtypes
 import numpy as np
 
 import express as ex
 from express import ModelError
+from express.io import read_safetensors as mmap_safetensors
 
 WEIGHT_NAMES = ("diffusion_pytorch_model", "model")
 
@@ -51,35 +51,6 @@ def weight_files(folder, variant: str | None = None) -> list[str]:
     have = sorted(os.listdir(folder))
     raise ModelError(f"{folder!r} has no safetensors weights (looked for {WEIGHT_NAMES[0]}.safetensors / "
                      f"model.safetensors{f', variant {variant!r}' if variant else ''}); it holds {have}")
-
-
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
-              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-
-def mmap_safetensors(path) -> dict:
-    """name -> read-only NumPy view into the memory-mapped safetensors file (no copy: pages load
-    on first use and are shared with the page cache)."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-        buf = np.memmap(path, np.uint8, mode="r")
-    except (OSError, ValueError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path!r} is not a readable safetensors file: {e}") from None
-    out, base = {}, 8 + n
-    for k, info in header.items():
-        if k == "__metadata__":
-            continue
-        if info.get("dtype") not in _ST_DTYPES:
-            raise ModelError(f"{path!r}: tensor {k!r} has unsupported dtype {info.get('dtype')!r}")
-        dtype = np.dtype(_ST_DTYPES[info["dtype"]])
-        start, end = info["data_offsets"]
-        raw = buf[base + start:base + end]
-        a = raw.view(dtype) if (base + start) % dtype.itemsize == 0 else raw.copy().view(dtype)
-        out[k] = a.reshape(info["shape"])
-    return out
 
 
 def _mapping(a):

@@ -1,5 +1,6 @@
 """Weights from a Hugging Face folder: safetensors files (one, several, or a sharded index),
-memory-mapped, bf16/fp16/fp32/int8/uint8; and a safetensors writer."""
+memory-mapped by express.io.read_safetensors; and a safetensors writer with 64-byte aligned
+tensors (so exported weights map straight into the kernels)."""
 from __future__ import annotations
 
 import glob
@@ -11,31 +12,11 @@ import ml_dtypes
 import numpy as np
 
 from express import ModelError
+from express.io import read_safetensors  # noqa: F401  (mmap'ed reader, used by loader/lora)
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I8": np.int8,
            "U8": np.uint8, "I32": np.int32, "I64": np.int64, "F64": np.float64, "BOOL": np.bool_}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
-
-
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """name -> array over a read-only memory map of `path` (nothing is copied)."""
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        mm = np.memmap(path, np.uint8, "r") if os.path.getsize(path) > 8 + n else np.zeros(0, np.uint8)
-    except (OSError, ValueError, struct.error) as e:
-        raise ModelError(f"{path!r} is not a valid safetensors file: {e}") from None
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise ModelError(f"{path!r}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        a, b = info["data_offsets"]
-        buf = mm[8 + n + a: 8 + n + b]
-        out[name] = np.asarray(buf).view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-    return out
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
