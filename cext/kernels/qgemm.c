@@ -120,6 +120,18 @@ AVX2_FN static inline __m256i bcast4(const int8_t *p) {
 }
 
 /* 8 rows of group R against MR rows of x starting at i0 */
+/* y rows R*8 .. R*8+7 of the mr rows of x from i0: the 8 lanes of each accumulator, plus bias */
+AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t R, int64_t i0, int mr) {
+  for (int i = 0; i < mr; i++) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[i]);
+    for (int r = 0; r < 8; r++) {
+      const int64_t row = R * 8 + r;
+      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
+    }
+  }
+}
+
 AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -152,14 +164,7 @@ AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr
       acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
   }
-  for (int i = 0; i < mr; i++) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[i]);
-    for (int r = 0; r < 8; r++) {
-      const int64_t row = R * 8 + r;
-      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
-    }
-  }
+  store_rows(c, acc, R, i0, mr);
 }
 
 AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
@@ -185,14 +190,7 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
   }
-  for (int i = 0; i < mr; i++) {
-    float out[8];
-    _mm256_storeu_ps(out, acc[i]);
-    for (int r = 0; r < 8; r++) {
-      const int64_t row = R * 8 + r;
-      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
-    }
-  }
+  store_rows(c, acc, R, i0, mr);
 }
 #endif
 
