@@ -69,3 +69,25 @@ def test_functional_errors():
         F.group_norm(ex.ones((1, 5, 2)), 2)
     with pytest.raises(ex.ShapeError, match="layer_norm"):
         F.layer_norm(ex.ones((2, 3)), (4,))
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rope_matches_numpy(traditional):
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    d, off = 6, 3
+    inv = 1.0 / 10000.0 ** (np.arange(0, d, 2) / d)
+    ang = np.outer(np.arange(off, off + 5), inv)
+    c, s = np.cos(ang), np.sin(ang)
+    want = x.astype(np.float64).copy()
+    if traditional:
+        a, b = x[..., 0:d:2], x[..., 1:d:2]
+        want[..., 0:d:2], want[..., 1:d:2] = a * c - b * s, b * c + a * s
+    else:
+        a, b = x[..., :d // 2], x[..., d // 2:d]
+        want[..., :d // 2], want[..., d // 2:d] = a * c - b * s, b * c + a * s
+    got = F.rope(x, offset=off, dims=d, traditional=traditional).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    lazy = F.rope(x, offset=ex.asarray(np.array(off)), dims=d, traditional=traditional).numpy()
+    np.testing.assert_allclose(lazy, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ex.ShapeError, match="rope"):
+        F.rope(x, dims=5)

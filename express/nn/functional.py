@@ -288,3 +288,46 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal: bool = False, sc
              has_mask=mask is not None)
     y = astype(y, _out_dtype(q))
     return squeeze(y, 0) if three else y
+
+
+def rope(x, offset=0, base: float = 10000.0, dims: int | None = None, traditional: bool = False, max_positions: int = 8192):
+    """Rotary position embedding over the last axis of x (..., T, D): position `offset + t` rotates
+    the first `dims` (default D) features by angles p * base^(-2i/dims). The two halves rotate
+    together (Llama / Hugging Face layout), or adjacent pairs with `traditional=True`. `offset`
+    may be a 0-d int64 tensor (a compiled decode step's position).
+
+    >>> import numpy as np, express as ex, express.nn.functional as F
+    >>> F.rope(ex.ones((1, 2, 4))).shape
+    (1, 2, 4)
+    """
+    import numpy as np
+
+    from .. import dtypes as dt
+    from ..ops.elementwise import astype
+    from ..ops.shape import concat, reshape, take
+    from ..ops.creation import arange
+    from ..tensor import Tensor
+    x = as_tensor(x)
+    T, D = x.shape[-2], x.shape[-1]
+    d = D if dims is None else int(dims)
+    if d % 2 or d > D or x.ndim < 2:
+        raise ShapeError(f"rope: rotated dims {d} must be even and at most the last axis of {x.shape}")
+    if isinstance(offset, Tensor):
+        n = max_positions
+        pos = astype(offset, dt.int64) + arange(T)
+    else:
+        n = int(offset) + T
+        pos = arange(int(offset), int(offset) + T)
+    inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.outer(np.arange(n, dtype=np.float64), inv)
+    cos = take(as_tensor(np.cos(ang).astype(np.float32)), pos, axis=0)  # (T, d/2)
+    sin = take(as_tensor(np.sin(ang).astype(np.float32)), pos, axis=0)
+    rot, rest = x[..., :d], x[..., d:]
+    if traditional:
+        pairs = reshape(rot, rot.shape[:-1] + (d // 2, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = reshape(concat([(a * cos - b * sin)[..., None], (b * cos + a * sin)[..., None]], axis=-1), rot.shape)
+    else:
+        a, b = rot[..., : d // 2], rot[..., d // 2:]
+        out = concat([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    return out if d == D else concat([out, rest], axis=-1)
