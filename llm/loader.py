@@ -86,7 +86,9 @@ def quantize_model(model: CausalLM, bits: int, group_size: int):
     k = model.config.hidden_size
     if k % group_size:
         raise ModelError(f"group_size {group_size} does not divide hidden size {k}")
-    quantize(model.model, bits, group_size)
+    from tqdm.auto import tqdm  # a progress bar in terminals and notebooks alike
+    for layer in tqdm(model.model.layers, desc=f"int{bits} quantization", unit="layer", leave=False):
+        quantize(layer, bits, group_size)
     if hasattr(model, "lm_head"):
         quantize(model, bits, group_size)
     if model.config.tie_word_embeddings:
