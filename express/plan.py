@@ -28,7 +28,6 @@ from .program import F, I, Program, assemble, build
 from .tensor import Tensor
 
 ALIGN = 64
-_SCRATCH = np.zeros(1, np.uint8)
 
 
 def _dummy(shape, dtype):
@@ -38,8 +37,7 @@ def _dummy(shape, dtype):
     for s in reversed(shape):
         strides.append(acc)
         acc *= max(s, 1)
-    return np.lib.stride_tricks.as_strided(_SCRATCH.view(npd) if npd.itemsize == 1 else
-                                           np.zeros(1, npd), shape, tuple(reversed(strides)))
+    return np.lib.stride_tricks.as_strided(np.zeros(1, npd), shape, tuple(reversed(strides)))
 
 
 def alloc(nbytes: int) -> np.ndarray:

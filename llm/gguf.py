@@ -403,7 +403,6 @@ def load_model(path):
     """(CausalLM, embed, Tokenizer, generation config) from a GGUF file; quantized matrices stay
     packed (low-memory mode), the tied embedding is read from the quantized head."""
     import express as ex
-    import express.nn as nn
     from express.nn.quantized import QuantizedLinear, replace_linears
 
     from .config import ModelConfig
@@ -437,7 +436,8 @@ def load_model(path):
         weights["model.embed_tokens.weight"] = np.zeros((0, cfg.hidden_size), np.float32)
     weights = {k: v for k, v in weights.items() if k not in lin_names}
     unknown = sorted(set(packed) - lin_names - {"model.embed_tokens.weight"})
-    weights.pop("lm_head.weight", None) if cfg.tie_word_embeddings else None
+    if cfg.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
     if unknown:
         raise ModelError(f"{g.path}: quantized tensors {unknown[:3]} are not linear layers of {cfg.architecture}")
     assign(model, weights, g.path)
@@ -460,7 +460,6 @@ def load_model(path):
     end_turn = tok.token_to_id("<end_of_turn>")  # Gemma's chat turns end here
     if end_turn is not None:
         eos_ids.append(end_turn)
-    del nn
     return model, embed, tok, {"eos_token_id": eos_ids, "bos_token_id": bos}
 
 
