@@ -100,6 +100,73 @@ def test_conv_small_spatial_transposed_gemm(hw, isa, threads):
     np.testing.assert_allclose(y, np.maximum(conv2d_ref(x, w, b, pads=(1, 1, 1, 1)) + r, 0), rtol=1e-4, atol=1e-4)
 
 
+def conv_full(x, w, stride, pad, groups, act="none", bias=None, res=None, algo="auto", pack_isa=None):
+    """ex_conv2d with square stride/padding and groups; pack_isa: weights pre-packed (for the GEMM
+    micro-kernel) by that kernel variant first."""
+    import express as ex
+    n, c, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    y = np.empty((n, oc, oh, ow), np.float32)
+    p = conv_params(x.shape, y.shape, (kh, kw), (stride, stride), (pad, pad), (1, 1), groups, act, algo)
+    keep = None
+    if pack_isa is not None:
+        run_isa = ex.isa()
+        ex.set_isa(pack_isa)
+        keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+        assert lib.ex_conv_pack_weights(p, fp(w), fp(keep)) == 0
+        ex.set_isa(run_isa)
+        p.wpack = fp(keep)
+    rc = lib.ex_conv2d(p, fp(x), fp(w), ffi.NULL if bias is None else fp(bias), ffi.NULL if res is None else fp(res),
+                       fp(y))
+    assert rc == 0
+    return y
+
+
+def conv_want(x, w, stride, pad, groups, act, b, r):
+    return _act_ref(conv2d_ref(x, w, b, (stride, stride), (pad,) * 4, (1, 1), groups) + r, act)
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 7, 7, 64), (2, 16, 14, 14, 96), (1, 32, 9, 5, 128)])
+def test_conv_prepacked_weights(shape, isa, threads):
+    """Weights pre-packed for the micro-kernel (as A, or as B for the transposed small-N form);
+    packed by another kernel variant they are ignored (their header does not match)."""
+    n, c, h, w, oc = shape
+    x, wt, b, r = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc), rnd(n, oc, h, w)
+    want = conv_want(x, wt, 1, 1, 1, "relu", b, r)
+    for pack_isa in {isa, "generic"}:
+        got = conv_full(x, wt, 1, 1, 1, "relu", b, r, "gemm", pack_isa)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_gemm_in_row_chunks(stride, isa, threads):
+    """An output large enough that im2col runs in chunks of output rows (epilogue offsets per chunk)."""
+    x, wt, b = rnd(1, 64, 201, 23), rnd(8, 64, 3, 3), rnd(8)
+    oh, ow = (201 + 2 - 3) // stride + 1, (23 + 2 - 3) // stride + 1
+    r = rnd(1, 8, oh, ow)
+    got = conv_full(x, wt, stride, 1, 1, "relu6", b, r, "gemm", isa)
+    np.testing.assert_allclose(got, conv_want(x, wt, stride, 1, 1, "relu6", b, r), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("hw", [(1, 1), (2, 3), (7, 7), (8, 14), (17, 33), (40, 65)])
+@pytest.mark.parametrize("pad", [0, 1, 2])
+def test_depthwise_3x3(stride, hw, pad, isa):
+    """The flat depthwise 3x3 paths (stride 2 through parity phases) across plane sizes and padding."""
+    h, w = hw
+    if h + 2 * pad < 3 or w + 2 * pad < 3:
+        return
+    c = 5
+    x, wt, b = rnd(2, c, h, w), rnd(c, 1, 3, 3), rnd(c)
+    oh, ow = (h + 2 * pad - 3) // stride + 1, (w + 2 * pad - 3) // stride + 1
+    r = rnd(2, c, oh, ow)
+    for act, res in (("relu6", None), ("relu", r)):
+        got = conv_full(x, wt, stride, pad, c, act, b, res, "depthwise")
+        want = conv_want(x, wt, stride, pad, c, act, b, 0.0 if res is None else res)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_epilogue_and_validation(isa):
     x, w, b = rnd(1, 3, 9, 9), rnd(6, 3, 3, 3), rnd(6)
     r = rnd(1, 6, 9, 9)

@@ -3,9 +3,11 @@
  * is exactly that, written as a GEMM.
  * Algorithms (chosen by the caller, EX_CONV_AUTO picks depthwise or GEMM):
  *   GEMM       per image and group: W[oc, c*kh*kw] @ col[c*kh*kw, oh*ow] with the packed sgemm
- *              and its fused epilogue; a 1x1 stride-1 unpadded conv reads x itself as col.
- *   DEPTHWISE  groups == c == oc: a zero-padded copy of each plane, then per output row an
- *              accumulation over the taps (unit-stride inner loop vectorizes for stride 1).
+ *              and its fused epilogue, col built a chunk of output rows at a time; a 1x1
+ *              stride-1 unpadded conv reads x itself as col.  Few output positions (7x7, 14x14)
+ *              run transposed, col^T @ W^T, then a transpose with the epilogue.
+ *   DEPTHWISE  groups == c == oc: a zero-padded copy of each plane; 3x3 stride 1 and 2 as one
+ *              flat vector loop over the plane (see below), other kernels per output row.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
  *              (ex_winograd_weights); tiles in blocks of up to WT (input transform vectorized
  *              across 8 tiles), 36 GEMMs per block, output transform + epilogue.  Blocks run on
@@ -23,18 +25,65 @@ static int conv_check(const ex_conv_params *p) {
   return EX_OK;
 }
 
+/* Per-thread scratch buffers kept between calls: a fresh multi-megabyte malloc is mmap'ed and
+ * page-faulted again on every call, which costs as much as a small convolution.  Buffers over
+ * SCRATCH_KEEP are allocated and freed each time. */
+enum { SC_COL, SC_XD, SC_TR, SC_WG_X, SC_WG_V, SC_SLOTS };
+#define SCRATCH_KEEP ((size_t)64 << 20)
+static _Thread_local float *sc_buf[SC_SLOTS];
+static _Thread_local size_t sc_cap[SC_SLOTS];
+
+static float *sc_take(int slot, size_t nfloats) {
+  const size_t nb = ROUND_UP(EX_MAX(nfloats, 1) * sizeof(float), 64);
+  if (nb > SCRATCH_KEEP) return aligned_alloc(64, nb);
+  if (nb > sc_cap[slot]) {
+    free(sc_buf[slot]);
+    sc_buf[slot] = aligned_alloc(64, nb);
+    sc_cap[slot] = sc_buf[slot] ? nb : 0;
+  }
+  return sc_buf[slot];
+}
+static void sc_give(int slot, float *b) {
+  if (b && b != sc_buf[slot]) free(b);
+}
+
+/* even-indexed then odd-indexed elements of s[0:n] to ev[0:(n+1)/2], od[0:n/2] */
+static void dw_deint(const float *s, int64_t n, float *ev, float *od) {
+  int64_t i = 0;
+#ifdef EX_AVX512
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(s + i), b = _mm512_loadu_ps(s + i + 16);
+    _mm512_storeu_ps(ev + i / 2, _mm512_permutex2var_ps(a, ie, b));
+    _mm512_storeu_ps(od + i / 2, _mm512_permutex2var_ps(a, io, b));
+  }
+#elif defined(EX_AVX2)
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(s + i), b = _mm256_loadu_ps(s + i + 8);
+    /* within 128-bit lanes, then fix the lane order */
+    const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+    _mm256_storeu_ps(ev + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+    _mm256_storeu_ps(od + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+  }
+#endif
+  for (; i + 1 < n; i += 2) { ev[i / 2] = s[i]; od[i / 2] = s[i + 1]; }
+  if (i < n) ev[i / 2] = s[i];
+}
+
 /* ---- im2col + GEMM ---- */
 typedef struct {
   const ex_conv_params *p;
   const float *x; /* the group's first input channel */
-  float *col;
+  float *col;     /* [K, (oy1 - oy0) * ow]: output rows [oy0, oy1) */
   const float *xd; /* stride 2: each input row split into even then odd columns (or NULL) */
+  int64_t oy0, oy1;
 } i2c_ctx;
 
 static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
   const i2c_ctx *g = vctx;
   const ex_conv_params *p = g->p;
-  const int64_t kk = p->kh * p->kw, N = p->oh * p->ow;
+  const int64_t kk = p->kh * p->kw, N = (g->oy1 - g->oy0) * p->ow;
   for (int64_t r = r0; r < r1; r++) {
     const int64_t ci = r / kk, i = r % kk / p->kw, j = r % p->kw;
     const float *xc = g->x + ci * p->h * p->w;
@@ -45,7 +94,7 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
     int64_t hi = p->w - off <= 0 ? 0 : (p->w - off - 1) / p->sw + 1;
     lo = EX_MIN(lo, p->ow);
     hi = EX_MAX(EX_MIN(hi, p->ow), lo);
-    for (int64_t oy = 0; oy < p->oh; oy++, dst += p->ow) {
+    for (int64_t oy = g->oy0; oy < g->oy1; oy++, dst += p->ow) {
       const int64_t iy = oy * p->sh - p->ph + i * p->dh;
       if (iy < 0 || iy >= p->h) {
         memset(dst, 0, (size_t)p->ow * sizeof(float));
@@ -68,71 +117,106 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
   }
 }
 
+/* Few output positions (7x7, 14x14) and many channels: T[N, ocg] = col^T @ W^T fills the
+ * MR x NR tiles better than W @ col (N = 49 fills 49 of 64 NR columns, but 49 of 56 MR rows);
+ * the weights are then pre-packed as B, and the result is transposed with the epilogue. */
+static int conv_tr(const ex_conv_params *p) {
+  const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups;
+  const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
+  return N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05;
+}
+
 static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                      const float *res, float *y) {
   const int64_t G = p->groups, cg = p->c / G, ocg = p->oc / G, K = cg * p->kh * p->kw,
                 N = p->oh * p->ow;
   const int direct = p->kh == 1 && p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 &&
                      p->pw == 0 && p->oh == p->h && p->ow == p->w;
-  float *col = direct ? NULL : malloc((size_t)(K * N) * sizeof(float));
-  if (!direct && !col) return EX_ENOMEM;
-  /* tile fill of the two orientations: N along NR-wide tiles, or along MR-high ones */
-  const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
-  const int packed = packed_a_for(p->wpack, ocg, K) != NULL;
-  float *xd = !direct && p->sw == 2 && p->kw > 1 ? malloc((size_t)(cg * p->h * p->w) * sizeof(float)) : NULL;
-  float *tr = !packed && N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05
-                  ? malloc((size_t)(N * ocg) * sizeof(float)) : NULL;
-  int err = EX_OK;
+  const int packed = packed_a_for(p->wpack, ocg, K) != NULL,
+            packed_t = packed_b_for(p->wpack, K, ocg) != NULL;
+  const int trans = conv_tr(p) && (packed_t || !packed);
+  /* im2col in chunks of output rows, so the column panel stays in cache (about 2 MB, but at
+   * least 512 columns for the GEMM); the transposed small-N form takes all rows at once */
+  const int64_t rows = trans || direct ? p->oh : EX_MIN(p->oh, (EX_MAX(512, 524288 / K) + p->ow - 1) / p->ow);
+  float *col = direct ? NULL : sc_take(SC_COL, (size_t)(K * rows * p->ow));
+  float *xd = !direct && p->sw == 2 && p->kw > 1 ? sc_take(SC_XD, (size_t)(cg * p->h * p->w)) : NULL;
+  float *tr = trans ? sc_take(SC_TR, (size_t)(N * ocg)) : NULL;
+  int err = (!direct && !col) || (!direct && p->sw == 2 && p->kw > 1 && !xd) || (trans && !tr) ? EX_ENOMEM : EX_OK;
   for (int64_t b = 0; b < p->n && !err; b++)
     for (int64_t g = 0; g < G && !err; g++) {
       const float *xg = x + (b * p->c + g * cg) * p->h * p->w;
-      const float *B = xg;
-      if (!direct) {
-        i2c_ctx ic = {p, xg, col, NULL};
-        if (xd) { /* deinterleave the group's rows once: strided gathers become copies */
-          for (int64_t r = 0; r < cg * p->h; r++) {
-            const float *src = xg + r * p->w;
-            float *ev = xd + r * p->w, *od = ev + (p->w + 1) / 2;
-            for (int64_t i = 0; i < p->w; i += 2) ev[i / 2] = src[i];
-            for (int64_t i = 1; i < p->w; i += 2) od[i / 2] = src[i];
-          }
-          ic.xd = xd;
+      if (xd) /* deinterleave the group's rows once: strided gathers become copies */
+        for (int64_t r = 0; r < cg * p->h; r++) {
+          const float *src = xg + r * p->w;
+          float *ev = xd + r * p->w;
+          dw_deint(src, p->w, ev, ev + (p->w + 1) / 2);
         }
-        ex_parallel_for(K, EX_MAX(1, 16384 / EX_MAX(N, 1)), im2col_task, &ic);
-        B = col;
-      }
       const int64_t yo = (b * p->oc + g * ocg) * N;
-      if (tr) { /* small N: T[N, ocg] = B^T @ W^T fills the MR x NR tiles better; then transpose */
-        err = sgemm_ep(B, 1, N, w + g * ocg * K, EX_F32, 1, K, tr, ocg, N, ocg, K, &EPI_NONE);
-        for (int64_t o0 = 0; o0 < ocg && !err; o0 += 16) { /* blocked transpose, then epilogue */
-          const int64_t no = EX_MIN(16, ocg - o0);
-          for (int64_t j = 0; j < N; j++)
-            for (int64_t o = 0; o < no; o++) y[yo + (o0 + o) * N + j] = tr[j * ocg + o0 + o];
-          for (int64_t o = o0; o < o0 + no; o++) {
-            float *yr = y + yo + o * N;
-            const float bv = bias ? bias[g * ocg + o] : 0.0f;
-            for (int64_t j = 0; j < N; j++) yr[j] += bv;
-            if (res)
-              for (int64_t j = 0; j < N; j++) yr[j] += res[yo + o * N + j];
-            act_row(p->act, yr, N);
-          }
+      for (int64_t oy0 = 0; oy0 < p->oh && !err; oy0 += rows) {
+        const int64_t oy1 = EX_MIN(p->oh, oy0 + rows), Nc = (oy1 - oy0) * p->ow, o0 = oy0 * p->ow;
+        const float *B = xg;
+        if (!direct) {
+          i2c_ctx ic = {p, xg, col, xd, oy0, oy1};
+          ex_parallel_for(K, EX_MAX(1, 16384 / EX_MAX(Nc, 1)), im2col_task, &ic);
+          B = col;
         }
-        continue;
+        if (trans) { /* T[N, ocg] = B^T @ W^T, then a blocked transpose with the epilogue */
+          if (packed_t)
+            err = sgemm_run(B, NULL, 1, N, NULL, p->wpack + g * packed_b_floats(K, ocg) + PACK_HDR, EX_F32,
+                            1, K, tr, ocg, N, ocg, K, &EPI_NONE);
+          else
+            err = sgemm_ep(B, 1, N, w + g * ocg * K, EX_F32, 1, K, tr, ocg, N, ocg, K, &EPI_NONE);
+          for (int64_t q0 = 0; q0 < ocg && !err; q0 += 16) {
+            const int64_t no = EX_MIN(16, ocg - q0);
+            for (int64_t j = 0; j < N; j++)
+              for (int64_t o = 0; o < no; o++) y[yo + (q0 + o) * N + j] = tr[j * ocg + q0 + o];
+            for (int64_t o = q0; o < q0 + no; o++) {
+              float *yr = y + yo + o * N;
+              const float bv = bias ? bias[g * ocg + o] : 0.0f;
+              for (int64_t j = 0; j < N; j++) yr[j] += bv;
+              if (res)
+                for (int64_t j = 0; j < N; j++) yr[j] += res[yo + o * N + j];
+              act_row(p->act, yr, N);
+            }
+          }
+          continue;
+        }
+        const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo + o0 : NULL, N, p->act};
+        const int64_t ldb = direct ? N : Nc;
+        if (direct) B += o0;
+        if (packed)
+          err = sgemm_run(NULL, p->wpack + g * packed_a_floats(ocg, K) + PACK_HDR, K, 1, B, NULL, EX_F32,
+                          ldb, 1, y + yo + o0, N, ocg, Nc, K, &ep);
+        else
+          err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, ldb, 1, y + yo + o0, N, ocg, Nc, K, &ep);
       }
-      const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo : NULL, N, p->act};
-      if (packed)
-        err = sgemm_run(NULL, p->wpack + g * packed_a_floats(ocg, K) + PACK_HDR, K, 1, B, EX_F32, N,
-                        1, y + yo, N, ocg, N, K, &ep);
-      else
-        err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, N, 1, y + yo, N, ocg, N, K, &ep);
     }
-  free(col);
-  free(tr);
-  free(xd);
+  sc_give(SC_COL, col);
+  sc_give(SC_TR, tr);
+  sc_give(SC_XD, xd);
   return err;
 }
 
-/* ---- depthwise ---- */
+/* ---- depthwise ----
+ * Each task zeroes one padded plane buffer once: the geometry is the same for every plane, so
+ * only the interior is rewritten per plane and the border stays zero.  3x3 convolutions run
+ * "flat": the output is computed over the padded row pitch as one long unit-stride vector loop
+ * (the few extra columns per row are computed and dropped), so short rows (7, 14, 28) still fill
+ * the vectors.  Stride 2 splits the padded plane into its four (row, column) parity phases, after
+ * which every tap is a unit-stride read of one phase: out[oy][ox] = sum w[i][j] *
+ * phase[i % 2][j % 2][oy + i / 2][ox + j / 2]. */
+#ifdef EX_AVX512
+typedef float dwv __attribute__((vector_size(64)));
+#define DVL 16
+#elif defined(EX_AVX2)
+typedef float dwv __attribute__((vector_size(32)));
+#define DVL 8
+#else
+typedef float dwv __attribute__((vector_size(16)));
+#define DVL 4
+#endif
+static inline dwv dw_ld(const float *p) { dwv v; memcpy(&v, p, sizeof v); return v; }
+
 typedef struct {
   const ex_conv_params *p;
   const float *x, *w, *bias, *res;
@@ -140,78 +224,86 @@ typedef struct {
   _Atomic int err;
 } dw_ctx;
 
+/* flat[f] = bias + sum_t w[t] * src[t][f + off[t]] for f in [0, n): n rounded up to vectors */
+static void dw_flat9(float *flat, int64_t n, const float *const *src, const int64_t *off,
+                     const float *wc, float bv) {
+  dwv w[9];
+  for (int t = 0; t < 9; t++) w[t] = (dwv){0} + wc[t];
+  const dwv b = (dwv){0} + bv;
+  for (int64_t f = 0; f < n; f += DVL) {
+    const dwv r0 = w[0] * dw_ld(src[0] + f + off[0]) + w[1] * dw_ld(src[1] + f + off[1]) +
+                   w[2] * dw_ld(src[2] + f + off[2]);
+    const dwv r1 = w[3] * dw_ld(src[3] + f + off[3]) + w[4] * dw_ld(src[4] + f + off[4]) +
+                   w[5] * dw_ld(src[5] + f + off[5]);
+    const dwv r2 = w[6] * dw_ld(src[6] + f + off[6]) + w[7] * dw_ld(src[7] + f + off[7]) +
+                   w[8] * dw_ld(src[8] + f + off[8]);
+    const dwv v = b + ((r0 + r1) + r2);
+    memcpy(flat + f, &v, sizeof v);
+  }
+}
+
 static void dw_task(void *vctx, int64_t q0, int64_t q1) {
   dw_ctx *g = vctx;
   const ex_conv_params *p = g->p;
   const int64_t PH = (p->oh - 1) * p->sh + (p->kh - 1) * p->dh + 1,
                 PW = (p->ow - 1) * p->sw + (p->kw - 1) * p->dw + 1;
-  float *pad = malloc((size_t)(PH * PW + p->ow) * sizeof(float));
+  const int k3 = p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1;
+  const int s1 = k3 && p->sh == 1 && p->sw == 1, s2 = k3 && p->sh == 2 && p->sw == 2;
+  /* stride 2: four phases of PHh x PWh; the flat loops read up to a vector (+1 row) past n */
+  const int64_t PHh = (PH + 1) / 2, PWh = (PW + 1) / 2;
+  const int64_t pitch = s2 ? PWh : PW;
+  const int64_t nflat = ROUND_UP((p->oh - 1) * pitch + p->ow, DVL);
+  const int64_t npad = s2 ? 4 * PHh * PWh : PH * PW;
+  float *pad = calloc((size_t)(npad + nflat + 2 * pitch + 2 * DVL + p->ow), sizeof(float));
   if (!pad) { g->err = EX_ENOMEM; return; }
-  float *acc = pad + PH * PW;
+  float *flat = pad + npad + 2 * pitch + DVL, *acc = flat + nflat + DVL;
+  /* interior rows [r0, r1) and columns [c0, c1) of the padded plane that hold input */
+  const int64_t r0 = EX_MIN(p->ph, PH), r1 = EX_MIN(PH, p->ph + p->h);
+  const int64_t c0 = EX_MIN(p->pw, PW), c1 = EX_MIN(PW, p->pw + p->w);
   for (int64_t q = q0; q < q1; q++) { /* plane (image, channel) */
     const int64_t ch = q % p->c;
     const float *xc = g->x + q * p->h * p->w, *wc = g->w + ch * p->kh * p->kw;
-    for (int64_t r = 0; r < PH; r++) {
-      const int64_t iy = r - p->ph;
-      float *d = pad + r * PW;
-      if (iy < 0 || iy >= p->h) { memset(d, 0, (size_t)PW * sizeof(float)); continue; }
-      const int64_t lo = EX_MIN(p->pw, PW), hi = EX_MIN(PW, p->pw + p->w);
-      for (int64_t c = 0; c < lo; c++) d[c] = 0.0f;
-      if (hi > lo) memcpy(d + lo, xc + iy * p->w, (size_t)(hi - lo) * sizeof(float));
-      for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = 0.0f;
-    }
     const float bv = g->bias ? g->bias[ch] : 0.0f;
-    if (p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1 && p->sh == 1 && p->sw == 1 &&
-        p->oh * PW <= 4096) {
-      /* 3x3 stride 1, small plane: one flat pass over the padded width (the PW - ow extra
-       * columns per row are computed and dropped), so short rows still fill the vectors */
-      const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],
-                  w7 = wc[7], w8 = wc[8];
-      float flat[4096];
-      const int64_t n = (p->oh - 1) * PW + p->ow;
-      const float *r0 = pad, *r1 = pad + PW, *r2 = pad + 2 * PW;
-      for (int64_t i = 0; i < n; i++)
-        flat[i] = bv + ((w0 * r0[i] + w1 * r0[i + 1] + w2 * r0[i + 2]) +
-                        (w3 * r1[i] + w4 * r1[i + 1] + w5 * r1[i + 2]) +
-                        (w6 * r2[i] + w7 * r2[i + 1] + w8 * r2[i + 2]));
+    float *yq = g->y + q * p->oh * p->ow;
+    const float *rq = g->res ? g->res + q * p->oh * p->ow : NULL;
+    if (s1 || s2) {
+      const float *src[9];
+      int64_t off[9];
+      if (s1) {
+        for (int64_t r = r0; r < r1 && c1 > c0; r++)
+          memcpy(pad + r * PW + c0, xc + (r - p->ph) * p->w, (size_t)(c1 - c0) * sizeof(float));
+        for (int t = 0; t < 9; t++) { src[t] = pad; off[t] = t / 3 * PW + t % 3; }
+      } else {
+        /* padded row r, column c -> phase (r % 2, c % 2) at [r / 2][c / 2]; c0 = pw may be odd */
+        for (int64_t r = r0; r < r1 && c1 > c0; r++) {
+          float *ph0 = pad + ((r & 1) * 2 * PHh + r / 2) * PWh, *ph1 = ph0 + PHh * PWh;
+          const float *s = xc + (r - p->ph) * p->w;
+          if (c0 & 1) dw_deint(s, c1 - c0, ph1 + c0 / 2, ph0 + c0 / 2 + 1);
+          else dw_deint(s, c1 - c0, ph0 + c0 / 2, ph1 + c0 / 2);
+        }
+        for (int t = 0; t < 9; t++) {
+          const int i = t / 3, j = t % 3;
+          src[t] = pad + ((i & 1) * 2 + (j & 1)) * PHh * PWh;
+          off[t] = i / 2 * PWh + j / 2;
+        }
+      }
+      dw_flat9(flat, (p->oh - 1) * pitch + p->ow, src, off, wc, bv);
+      if (!rq && p->act != EX_ACT_NONE) act_row(p->act, flat, (p->oh - 1) * pitch + p->ow);
       for (int64_t oy = 0; oy < p->oh; oy++) {
-        float *yr = g->y + (q * p->oh + oy) * p->ow;
-        const float *fr = flat + oy * PW;
-        if (g->res) {
-          const float *rr = g->res + (q * p->oh + oy) * p->ow;
+        float *yr = yq + oy * p->ow;
+        const float *fr = flat + oy * pitch;
+        if (rq) {
+          const float *rr = rq + oy * p->ow;
           for (int64_t ox = 0; ox < p->ow; ox++) yr[ox] = fr[ox] + rr[ox];
+          act_row(p->act, yr, p->ow);
         } else {
           memcpy(yr, fr, (size_t)p->ow * sizeof(float));
         }
-        act_row(p->act, yr, p->ow);
       }
       continue;
     }
-    if (p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1 && (p->sw == 1 || p->sw == 2)) {
-      /* 3x3: all nine taps in one pass over the output row */
-      const float w0 = wc[0], w1 = wc[1], w2 = wc[2], w3 = wc[3], w4 = wc[4], w5 = wc[5], w6 = wc[6],
-                  w7 = wc[7], w8 = wc[8];
-      for (int64_t oy = 0; oy < p->oh; oy++) {
-        const float *r0 = pad + oy * p->sh * PW, *r1 = r0 + PW, *r2 = r1 + PW;
-        float *yr = g->y + (q * p->oh + oy) * p->ow;
-        if (p->sw == 1)
-          for (int64_t ox = 0; ox < p->ow; ox++)
-            yr[ox] = bv + ((w0 * r0[ox] + w1 * r0[ox + 1] + w2 * r0[ox + 2]) +
-                           (w3 * r1[ox] + w4 * r1[ox + 1] + w5 * r1[ox + 2]) +
-                           (w6 * r2[ox] + w7 * r2[ox + 1] + w8 * r2[ox + 2]));
-        else
-          for (int64_t ox = 0; ox < p->ow; ox++)
-            yr[ox] = bv + ((w0 * r0[2 * ox] + w1 * r0[2 * ox + 1] + w2 * r0[2 * ox + 2]) +
-                           (w3 * r1[2 * ox] + w4 * r1[2 * ox + 1] + w5 * r1[2 * ox + 2]) +
-                           (w6 * r2[2 * ox] + w7 * r2[2 * ox + 1] + w8 * r2[2 * ox + 2]));
-        if (g->res) {
-          const float *rr = g->res + (q * p->oh + oy) * p->ow;
-          for (int64_t ox = 0; ox < p->ow; ox++) yr[ox] += rr[ox];
-        }
-        act_row(p->act, yr, p->ow);
-      }
-      continue;
-    }
+    for (int64_t r = r0; r < r1 && c1 > c0; r++)
+      memcpy(pad + r * PW + c0, xc + (r - p->ph) * p->w, (size_t)(c1 - c0) * sizeof(float));
     for (int64_t oy = 0; oy < p->oh; oy++) {
       for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] = bv;
       for (int64_t i = 0; i < p->kh; i++) {
@@ -226,9 +318,9 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
             for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += wv * s[ox * p->sw];
         }
       }
-      float *yr = g->y + (q * p->oh + oy) * p->ow;
-      if (g->res) {
-        const float *rr = g->res + (q * p->oh + oy) * p->ow;
+      float *yr = yq + oy * p->ow;
+      if (rq) {
+        const float *rr = rq + oy * p->ow;
         for (int64_t ox = 0; ox < p->ow; ox++) acc[ox] += rr[ox];
       }
       act_row(p->act, acc, p->ow);
@@ -457,10 +549,10 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
 static void wg_task(void *vctx, int64_t b0, int64_t b1) {
   wg_ctx *g = vctx;
   const ex_conv_params *p = g->p;
-  float *V = aligned_alloc(64, (size_t)(36 * (p->c + p->oc) * g->tbp) * sizeof(float));
+  float *V = sc_take(SC_WG_V, (size_t)(36 * (p->c + p->oc) * g->tbp));
   if (!V) { g->err = EX_ENOMEM; return; }
   for (int64_t b = b0; b < b1; b++) wg_block(g, b * g->tb, V, V + 36 * p->c * g->tbp);
-  free(V);
+  sc_give(SC_WG_V, V);
 }
 
 static int conv_winograd(const ex_conv_params *p, const float *x, const float *u,
@@ -482,8 +574,10 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   { /* zero-padded input: every tile reads in bounds (+8 floats of slack per row) */
     const int64_t ph = 4 * g.th + 2;
     g.xpw = 4 * g.tw + 2 + 8;
-    xp = calloc((size_t)(p->n * p->c * ph * g.xpw), sizeof(float));
+    const size_t nxp = (size_t)(p->n * p->c * ph * g.xpw);
+    xp = sc_take(SC_WG_X, nxp);
     if (xp) {
+      memset(xp, 0, nxp * sizeof(float));
       for (int64_t q = 0; q < p->n * p->c; q++)
         for (int64_t iy = 0; iy < p->h && iy + p->ph < ph; iy++)
           memcpy(xp + (q * ph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
@@ -493,7 +587,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   }
 #endif
   ex_parallel_for(nblk, 1, wg_task, &g);
-  free(xp);
+  sc_give(SC_WG_X, xp);
   return g.err;
 }
 
@@ -554,10 +648,11 @@ static int conv_transpose2d(const ex_conv_params *p, const float *x, const float
   return err;
 }
 
-/* GEMM weights, per group, in sgemm_run's packed layout */
+/* GEMM weights, per group, in sgemm_run's packed layout: as A, or transposed as B (conv_tr) */
 static int64_t conv_packed_size(const ex_conv_params *p) {
   if (conv_check(p)) return 0;
-  return p->groups * packed_a_floats(p->oc / p->groups, p->c / p->groups * p->kh * p->kw);
+  const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
+  return p->groups * (conv_tr(p) ? packed_b_floats(K, ocg) : packed_a_floats(ocg, K));
 }
 
 static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out) {
@@ -566,7 +661,8 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   if (!w || !out) return EX_EINVAL;
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
   for (int64_t g = 0; g < p->groups; g++)
-    gemm_pack_a(w + g * ocg * K, K, ocg, K, out + g * packed_a_floats(ocg, K));
+    if (conv_tr(p)) gemm_pack_b(w + g * ocg * K, 1, K, K, ocg, out + g * packed_b_floats(K, ocg));
+    else gemm_pack_a(w + g * ocg * K, K, ocg, K, out + g * packed_a_floats(ocg, K));
   return EX_OK;
 }
 

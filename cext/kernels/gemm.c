@@ -1,7 +1,8 @@
 /* ex_matmul and ex_linear.  Reference: the int64 triple loop (matmul_i64) and gemv's strided dot.
  * Optimized f32 path (Goto/BLIS scheme): B is packed into KC x NR panels, A into MR x KC
  * panels, and an MR x NR register-blocked micro-kernel runs over them with KC/MC/NC cache
- * blocking; 2+ threads take disjoint column (or row) ranges.  The AVX2 micro-kernel keeps a
+ * blocking; 2+ threads take disjoint column (or row) ranges (with row ranges they pack each
+ * block of B together and share it); constant weights may come pre-packed as A or B.  The AVX2 micro-kernel keeps a
  * 6x16 tile in 12 ymm accumulators with FMA, the AVX-512 one a 14x32 tile in 28 zmm; the
  * portable one uses GNU vector extensions.  B may be f16/bf16 (widened while packing, F16C).
  * An epilogue (bias per row or column, residual add, activation) is applied to each tile right
@@ -12,11 +13,13 @@
  * contiguously). */
 #include "common.h"
 
+/* KC: the B micro-panel (KC x NR) is streamed from L2 with the A micro-panel; a long KC means
+ * fewer passes over C.  512 measured best for the AVX-512 kernel on a 48K L1 / 1M L2 core. */
 #ifdef EX_AVX512
 #define MR 14
 #define NR 32
-#define KC 256
-#define MC 168
+#define KC 512
+#define MC 84
 #else
 #define MR 6
 #define NR 16
@@ -25,6 +28,13 @@
 #endif
 #define NC 4096
 #define ROUND_UP(x, r) (((x) + (r) - 1) / (r) * (r))
+
+/* the K block length for a product of depth k: at most KC, blocks balanced (k = 576 runs as two
+ * blocks of 288 rather than 512 + 64); a multiple of 8 but for the last block */
+static inline int64_t kc_step(int64_t k) {
+  const int64_t nb = (k + KC - 1) / KC;
+  return EX_MIN(KC, ROUND_UP((k + nb - 1) / nb, 8));
+}
 
 /* ---- epilogue ---- */
 typedef struct {
@@ -150,7 +160,7 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 #pragma GCC unroll 14
   for (int i = 0; i < MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
   for (int64_t p = 0; p < kc; p++) {
-    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16); /* pre-packed B may be unaligned */
     _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
 #pragma GCC unroll 14
     for (int i = 0; i < MR; i++) {
@@ -182,7 +192,7 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
   r1 = _mm256_fmadd_ps(av, b1, r1)
 #pragma GCC unroll 4
   for (int64_t p = 0; p < kc; p++) {
-    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     __m256 av;
     _mm_prefetch((const char *)(a + 8 * MR), _MM_HINT_T0);
     ROW(0, c00, c01); ROW(1, c10, c11); ROW(2, c20, c21);
@@ -235,15 +245,18 @@ typedef struct {
   int64_t ars, acs, brs, bcs, ldc, m, n, k;
   const epi_t *ep;
   const float *apk; /* NULL, or all of A pre-packed (gemm_pack_a) */
+  const float *bpk; /* NULL, or all of B pre-packed (gemm_pack_b) */
   int64_t parts; /* ranges the work was split into */
   int split_n;   /* ranges are of columns (else of rows) */
+  const float *bsh; /* NULL, or one packed (sh_jc, sh_pc) block of B shared by the threads */
+  int64_t sh_jc, sh_nc, sh_pc;
   _Atomic int err;
 } sg_ctx;
 
 /* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] (+ epilogue) */
 static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const int64_t k = g->k, ldc = g->ldc;
-  const int64_t kmax = EX_MIN(KC, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
+  const int64_t ks = kc_step(k), kmax = EX_MIN(ks, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
                 nmax = EX_MIN(NC, ROUND_UP(j1 - j0, NR));
   /* packing buffers: per thread, kept between calls (small products pay no allocation) */
   static _Thread_local float *tl_ap, *tl_bp;
@@ -254,12 +267,18 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   float *ap = tl_ap, *bp = tl_bp;
   if (!ap || !bp) return EX_ENOMEM;
   float edge[MR * NR] __attribute__((aligned(64)));
-  for (int64_t jc = j0; jc < j1; jc += NC) {
-    const int64_t nc = EX_MIN(NC, j1 - jc);
-    for (int64_t pc = 0; pc < k; pc += KC) {
-      const int64_t kc = EX_MIN(KC, k - pc);
+  /* shared mode: just the one block of B the caller packed */
+  const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
+  const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
+  for (int64_t jc = jb; jc < je; jc += NC) {
+    const int64_t nc = EX_MIN(NC, je - jc);
+    for (int64_t pc = pb; pc < pe; pc += ks) {
+      const int64_t kc = EX_MIN(ks, k - pc);
       const int last = pc + kc >= k;
-      pack_b(kc, nc, g->b, g->bdt, pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
+      const float *bpc = bp;
+      if (g->bsh) bpc = g->bsh;
+      else if (g->bpk) bpc = g->bpk + pc * ROUND_UP(g->n, NR) + jc * kc;
+      else pack_b(kc, nc, g->b, g->bdt, pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
       for (int64_t ic = i0; ic < i1; ic += MC) {
         const int64_t mc = EX_MIN(MC, i1 - ic);
         const float *apc = ap;
@@ -270,7 +289,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
-            const float *pa = apc + ir * kc, *pb = bp + jr * kc;
+            const float *pa = apc + ir * kc, *pb = bpc + jr * kc;
             if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
               for (int64_t i = 0; i < mr; i++) {
                 const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
@@ -309,6 +328,20 @@ static void sgemm_task(void *vctx, int64_t b, int64_t e) {
     }
     if (err) g->err = err;
   }
+}
+
+/* packing of NR panels [p0, p1) of the shared B block */
+typedef struct {
+  const sg_ctx *g;
+  float *bp;
+  int64_t jc, nc, pc, kc;
+} pk_ctx;
+
+static void packb_task(void *vctx, int64_t p0, int64_t p1) {
+  const pk_ctx *c = vctx;
+  const sg_ctx *g = c->g;
+  pack_b(c->kc, EX_MIN(c->nc, p1 * NR) - p0 * NR, g->b, g->bdt, c->pc * g->brs + (c->jc + p0 * NR) * g->bcs,
+         g->brs, g->bcs, c->bp + p0 * NR * c->kc);
 }
 
 /* ---- GEMV: y[j] = sum_p M[j*so + p*sr] * x[p*xs], j in [0, n) ---- */
@@ -464,25 +497,46 @@ static void skinny_task(void *vctx, int64_t b0, int64_t b1) {
 }
 
 static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
-                     int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t m,
-                     int64_t n, int64_t k, const epi_t *ep);
+                     const float *bpk, int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc,
+                     int64_t m, int64_t n, int64_t k, const epi_t *ep);
 
-/* A [m, k] (row stride lda) packed for sgemm_run: per KC block, all MR-row panels; after a
- * 16-float header (MR, KC, m, k) that tells whether this variant packed it */
+/* A [m, k] (row stride lda) packed for sgemm_run: per K block (kc_step), all MR-row panels;
+ * after a 16-float header (MR, KC, m, k) that tells whether this variant packed it */
 #define PACK_HDR 16
 static int64_t packed_a_floats(int64_t m, int64_t k) { return PACK_HDR + ROUND_UP(m, MR) * k; }
 static void gemm_pack_a(const float *a, int64_t lda, int64_t m, int64_t k, float *out) {
   memset(out, 0, PACK_HDR * sizeof(float));
   out[0] = MR; out[1] = KC; out[2] = (float)m; out[3] = (float)k;
   float *dst = out + PACK_HDR;
-  for (int64_t pc = 0; pc < k; pc += KC) {
-    const int64_t kc = EX_MIN(KC, k - pc);
+  const int64_t ks = kc_step(k);
+  for (int64_t pc = 0; pc < k; pc += ks) {
+    const int64_t kc = EX_MIN(ks, k - pc);
     pack_a(m, kc, a + pc, lda, 1, dst);
     dst += ROUND_UP(m, MR) * kc;
   }
 }
 static const float *packed_a_for(const float *pk, int64_t m, int64_t k) {
-  return pk && pk[0] == MR && pk[1] == KC && pk[2] == (float)m && pk[3] == (float)k ? pk + PACK_HDR : NULL;
+  return pk && pk[0] == MR && pk[1] == KC && pk[2] == (float)m && pk[3] == (float)k && pk[4] == 0
+             ? pk + PACK_HDR : NULL;
+}
+
+/* B [k, n] (strides rs, cs) packed likewise: per K block, all NR-column panels; header
+ * (NR, KC, k, n, 1) */
+static int64_t packed_b_floats(int64_t k, int64_t n) { return PACK_HDR + ROUND_UP(n, NR) * k; }
+static void gemm_pack_b(const float *b, int64_t rs, int64_t cs, int64_t k, int64_t n, float *out) {
+  memset(out, 0, PACK_HDR * sizeof(float));
+  out[0] = NR; out[1] = KC; out[2] = (float)k; out[3] = (float)n; out[4] = 1;
+  float *dst = out + PACK_HDR;
+  const int64_t ks = kc_step(k);
+  for (int64_t pc = 0; pc < k; pc += ks) {
+    const int64_t kc = EX_MIN(ks, k - pc);
+    pack_b(kc, n, b, EX_F32, pc * rs, rs, cs, dst);
+    dst += ROUND_UP(n, NR) * kc;
+  }
+}
+static const float *packed_b_for(const float *pk, int64_t k, int64_t n) {
+  return pk && pk[0] == NR && pk[1] == KC && pk[2] == (float)k && pk[3] == (float)n && pk[4] == 1
+             ? pk + PACK_HDR : NULL;
 }
 
 /* C (row stride ldc) = A @ B (+ epilogue); B of dtype bdt (f32/f16/bf16) */
@@ -507,19 +561,40 @@ static int sgemm_ep(const float *a, int64_t ars, int64_t acs, const void *b, int
     epi_tile(ep, c, ldc, 0, 0, m, n);
     return EX_OK;
   }
-  return sgemm_run(a, NULL, ars, acs, b, bdt, brs, bcs, c, ldc, m, n, k, ep);
+  return sgemm_run(a, NULL, ars, acs, b, NULL, bdt, brs, bcs, c, ldc, m, n, k, ep);
 }
 
-/* the packed path; apk: A pre-packed by gemm_pack_a, or NULL */
+/* the packed path; apk / bpk: A / B pre-packed by gemm_pack_a / gemm_pack_b, or NULL */
 static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
-                     int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t m,
-                     int64_t n, int64_t k, const epi_t *ep) {
-  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, 1, 1, 0};
+                     const float *bpk, int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc,
+                     int64_t m, int64_t n, int64_t k, const epi_t *ep) {
+  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, bpk, 1, 1, NULL, 0, 0, 0, 0};
   const int nt = ex_pool_width();
   if (nt > 1 && (double)m * n * k >= 262144.0) {
     const int64_t nb = (n + NR - 1) / NR, mb = (m + MR - 1) / MR;
     g.split_n = nb >= mb;
     g.parts = EX_MIN(nt, g.split_n ? nb : mb);
+    if (!g.split_n && !bpk && nb >= 4) {
+      /* rows split: the threads pack each block of B together and share it, rather than each
+       * packing (and streaming) all of B */
+      static _Thread_local float *sh;
+      static _Thread_local size_t shn;
+      const int64_t ks = kc_step(k);
+      const size_t need = (size_t)ROUND_UP(EX_MIN(NC, ROUND_UP(n, NR)) * EX_MIN(ks, k) * 4, 64);
+      if (need > shn) { free(sh); sh = aligned_alloc(64, need); shn = sh ? need : 0; }
+      if (!sh) return EX_ENOMEM;
+      for (int64_t jc = 0; jc < n && !g.err; jc += NC)
+        for (int64_t pc = 0; pc < k && !g.err; pc += ks) {
+          pk_ctx pk = {&g, sh, jc, EX_MIN(NC, n - jc), pc, EX_MIN(ks, k - pc)};
+          ex_parallel_for((pk.nc + NR - 1) / NR, EX_MAX(1, 2048 / pk.kc), packb_task, &pk);
+          g.bsh = sh;
+          g.sh_jc = jc;
+          g.sh_nc = pk.nc;
+          g.sh_pc = pc;
+          ex_parallel_for(g.parts, 1, sgemm_task, &g);
+        }
+      return g.err;
+    }
     ex_parallel_for(g.parts, 1, sgemm_task, &g);
     return g.err;
   }

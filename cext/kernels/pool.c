@@ -32,6 +32,29 @@ static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *
     if (hi > lo) memcpy(d + lo, x + iy * g->w, (size_t)(hi - lo) * sizeof(float));
     for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = fill;
   }
+  if (mx && g->sw == 2 && g->dw == 1) {
+    /* max pool with column stride 2 (3x3 s2 in ResNets): the max over the window's rows first
+     * (unit stride), that row split into even and odd columns, then the max over the kw taps,
+     * every one a unit-stride read: column 2 ox + j is ev[ox + j / 2] or od[ox + j / 2] */
+    float *v = acc + g->ow, *ev = v + PW, *od = ev + (PW + 1) / 2;
+    for (int64_t oy = 0; oy < g->oh; oy++) {
+      const float *r0 = pad + oy * g->sh * PW;
+      for (int64_t c = 0; c < PW; c++) v[c] = r0[c];
+      for (int64_t i = 1; i < g->kh; i++) {
+        const float *row = r0 + i * g->dh * PW;
+        for (int64_t c = 0; c < PW; c++) v[c] = nan_max(v[c], row[c]);
+      }
+      for (int64_t c = 0; c + 1 < PW; c += 2) { ev[c / 2] = v[c]; od[c / 2] = v[c + 1]; }
+      if (PW & 1) ev[PW / 2] = v[PW - 1];
+      float *yr = y + oy * g->ow;
+      for (int64_t ox = 0; ox < g->ow; ox++) yr[ox] = ev[ox];
+      for (int64_t j = 1; j < g->kw; j++) {
+        const float *s = (j & 1 ? od : ev) + j / 2;
+        for (int64_t ox = 0; ox < g->ow; ox++) yr[ox] = nan_max(yr[ox], s[ox]);
+      }
+    }
+    return;
+  }
   for (int64_t oy = 0; oy < g->oh; oy++) {
     for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = fill;
     for (int64_t i = 0; i < g->kh; i++) {
@@ -70,7 +93,7 @@ static void pool_task(void *vctx, int64_t q0, int64_t q1) {
   const int64_t PH = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1,
                 PW = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
   /* the padded plane must cover the input windows (ceil_mode can reach past the padding) */
-  float *pad = g->dh == 1 || g->kind == EX_POOL_MAX ? malloc((size_t)(PH * PW + g->ow) * sizeof(float)) : NULL;
+  float *pad = g->dh == 1 || g->kind == EX_POOL_MAX ? malloc((size_t)(PH * PW + g->ow + 2 * PW + 2) * sizeof(float)) : NULL;
   if (pad) {
     for (int64_t q = q0; q < q1; q++)
       pool_plane_fast(g, g->x + q * g->h * g->w, g->y + q * g->oh * g->ow, pad, pad + PH * PW);
