@@ -213,3 +213,13 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
  * llama.cpp's Q8_0) and every block is an integer dot product.  x and y are contiguous. */
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y);
+
+/* ---- GGUF-quantized linear: y[m, n] = x[m, k] @ W[n, k]^T (+ bias[n]), x/y/bias float32 ----
+ * W: n rows of ggml blocks exactly as a GGUF file stores them (ex_ggml_row_bytes(type, k) bytes
+ * a row, contiguous); type is the ggml type number: 2 Q4_0, 6 Q5_0, 8 Q8_0, 12 Q4_K, 13 Q5_K,
+ * 14 Q6_K (else EX_EINVAL; k must be a multiple of the block, 32 or 256).  x is quantized as
+ * ggml does (Q8_0 or Q8_K) and every block is an integer dot product (cext/kernels/ggml_quant.c).
+ * x and y are contiguous; bias may be NULL. */
+int64_t ex_ggml_row_bytes(int32_t type, int64_t k);   /* bytes of one row, or EX_EINVAL */
+int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, const void *w,
+                 const float *bias, float *y);

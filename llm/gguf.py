@@ -1,7 +1,8 @@
 """GGUF files: metadata to a Hugging Face-style config, tensors to weights, the embedded tokenizer.
 
-The `gguf` package parses the container (memory-mapped); this module maps names and decodes the
-quantized blocks. Block layouts follow ggml's definitions (ggml-common.h):
+`GGUFFile` reads the header itself and memory-maps the tensor data (the `gguf` package gives the
+type constants); this module maps names and decodes the quantized blocks. Block layouts follow
+ggml's definitions (ggml-common.h):
 
   Q8_0  32 weights: f16 d, int8 q[32]                        w = d*q
   Q4_0  32 weights: f16 d, u8 qs[16] (lo nibbles 0-15, hi 16-31)   w = d*(q-8)
@@ -11,13 +12,14 @@ quantized blocks. Block layouts follow ggml's definitions (ggml-common.h):
   Q5_K 256 weights: as Q4_K plus u8 qh[32] (5th bits)
   Q6_K 256 weights: u8 ql[128], u8 qh[64], int8 scales[16], f16 d      w = d*sc*(q-32), groups of 16
 
-Each quantized tensor decodes, without going through floats, to integer codes, a per-group scale and
-(for the K types with a min) a per-group offset: w = scale*q + offset. That is exactly our affine
-group format, so converting costs no accuracy.
+A runnable model (`load_model`) keeps these blocks as the file has them, memory-mapped, and multiplies
+them in place (express.ops.quant.ggml_linear, with llama.cpp's activation quantization and integer
+dot products). For inspection, each quantized tensor also decodes, without going through floats, to
+integer codes, a per-group scale and (for the K types with a min) a per-group offset:
+w = scale*q + offset (`QuantBlocks`).
 """
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass
 
@@ -153,6 +155,13 @@ class QuantTensor:
     def decode(self) -> QuantBlocks:
         return self.rows(0, self.shape[0])
 
+    def lookup(self, ids) -> np.ndarray:
+        """The dequantized rows `ids` (an embedding lookup: only those rows are read)."""
+        ids = np.asarray(ids, np.int64)
+        flat = ids.reshape(-1)
+        rows = QuantTensor(self.raw[flat], (len(flat), self.shape[1]), self.kind).dequantize()
+        return rows.reshape(ids.shape + (self.shape[1],))
+
     def dequantize(self) -> np.ndarray:
         return self.decode().dequantize()
 
@@ -176,11 +185,60 @@ def decode_tensor(t, where: str = "gguf", lazy: bool = False):
     return qt if lazy else qt.decode()
 
 
+@dataclass
+class TensorInfo:
+    """One entry of a GGUF file's tensor table; `data` is its bytes in the file's memory map."""
+    name: str
+    tensor_type: object   # gguf.GGMLQuantizationType
+    shape: tuple          # GGUF order: innermost dimension first
+    data: np.ndarray      # uint8, a view of the mapped file
+
+
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+class _Cursor:
+    """Reads GGUF's little-endian values from a buffer (IndexError past its end)."""
+
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def take(self, n):
+        if self.pos + n > len(self.buf):
+            raise IndexError(f"{n} bytes at offset {self.pos} run past the end ({len(self.buf)} bytes)")
+        self.pos += n
+        return self.buf[self.pos - n:self.pos]
+
+    def scalar(self, code):
+        dt = np.dtype(_SCALARS[code])
+        return np.frombuffer(self.take(dt.itemsize), dt)[0].item()
+
+    def string(self):
+        return bytes(self.take(self.scalar(10))).decode("utf-8", errors="replace")
+
+    def value(self, code):
+        if code == 8:
+            return self.string()
+        if code == 9:
+            item, n = self.scalar(4), self.scalar(10)
+            if item == 8:
+                return [self.string() for _ in range(n)]
+            if item in _SCALARS:  # one read for a whole numeric array
+                dt = np.dtype(_SCALARS[item])
+                return np.frombuffer(self.take(n * dt.itemsize), dt).tolist()
+            return [self.value(item) for _ in range(n)]
+        if code not in _SCALARS:
+            raise ValueError(f"unknown value type {code}")
+        return self.scalar(code)
+
+
 class GGUFFile:
-    """An opened GGUF file: `.metadata` (dict), `.tensors` (name -> gguf ReaderTensor)."""
+    """An opened GGUF file: `.metadata` (dict), `.tensors` (name -> TensorInfo), the tensor data
+    memory-mapped (read in place, never copied). The header is read directly: GGUF is a short
+    table of typed values, and reading it ourselves keeps no per-value arrays around."""
 
     def __init__(self, path):
-        import gguf
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise ModelError(f"{self.path}: no such GGUF file")
@@ -188,23 +246,39 @@ class GGUFFile:
             magic = f.read(4)
         if magic != b"GGUF":
             raise ModelError(f"{self.path}: not a GGUF file (magic {magic!r})")
+        self.mmap = np.memmap(self.path, np.uint8, "r")
+        c = _Cursor(memoryview(self.mmap))
         try:
-            self.reader = gguf.GGUFReader(self.path, "r")
-        except Exception as e:  # the parser raises ValueError, struct.error, IndexError ... on damage
+            c.take(4)
+            version = c.scalar(4)
+            if version not in (2, 3):
+                raise ValueError(f"GGUF version {version} (supported: 2, 3)")
+            n_tensors, n_kv = c.scalar(10), c.scalar(10)
+            self.metadata = {}
+            for _ in range(n_kv):
+                key = c.string()
+                self.metadata[key] = c.value(c.scalar(4))
+            infos = []
+            for _ in range(n_tensors):
+                name = c.string()
+                dims = tuple(c.scalar(10) for _ in range(c.scalar(4)))
+                infos.append((name, dims, c.scalar(4), c.scalar(10)))
+            align = int(self.metadata.get("general.alignment", 32))
+            start = -(-c.pos // align) * align
+            self.tensors = {}
+            for name, dims, code, offset in infos:
+                try:
+                    qtype = GGMLQuantizationType(code)
+                except ValueError:
+                    raise ValueError(f"tensor {name!r} has unknown type number {code}") from None
+                block, nbytes = GGML_QUANT_SIZES[qtype]
+                size = int(np.prod(dims, dtype=np.int64)) // block * nbytes
+                if start + offset + size > len(self.mmap):
+                    raise IndexError(f"tensor {name!r} ({size} bytes at {start + offset}) runs past the end of the file "
+                                     f"({len(self.mmap)} bytes)")
+                self.tensors[name] = TensorInfo(name, qtype, dims, self.mmap[start + offset:start + offset + size])
+        except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
             raise ModelError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
-        self.metadata = {}
-        for k, f in self.reader.fields.items():
-            if k.startswith("GGUF."):
-                continue
-            try:
-                self.metadata[k] = f.contents()
-            except Exception as e:
-                raise ModelError(f"{self.path}: unreadable metadata field {k!r}: {e}") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        # the parser keeps a NumPy array per part of every field (a million for a 262k vocabulary):
-        # with the values read above, drop them
-        self.reader.fields.clear()
-        gc.collect()
 
     def get(self, key, default=None):
         return self.metadata.get(key, default)
@@ -295,16 +369,9 @@ def load_weights(g: GGUFFile, cfg: dict) -> dict:
             w = np.array(w)  # a copy, so the file's mapping is released once the model is built
         if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
             heads = cfg["num_attention_heads"] if ".q_proj." in hf else cfg["num_key_value_heads"]
-            w = _unpermute_blocks(w.decode() if isinstance(w, QuantTensor) else w, heads)
+            w = QuantTensor(_unpermute(w.raw, heads), w.shape, w.kind) if isinstance(w, QuantTensor) else _unpermute(w, heads)
         out[hf] = w
     return out
-
-
-def _unpermute_blocks(w, heads):
-    if isinstance(w, QuantBlocks):
-        return QuantBlocks(_unpermute(w.codes, heads), _unpermute(w.scales, heads),
-                           None if w.offsets is None else _unpermute(w.offsets, heads), w.group, w.bits, w.kind)
-    return _unpermute(w, heads)
 
 
 # ---- tokenizer ----
@@ -357,56 +424,54 @@ def tokenizer_from_gguf(g: GGUFFile):
 def _spm_merges(tokens, scores, types, vocab):
     """BPE merges for a SentencePiece vocabulary: every split of a normal piece into two pieces
     of the vocabulary is a merge, ranked by the piece's score (higher merges first), as the
-    tokenizers library's SentencePiece conversion does."""
-    merges = []
-    for i, piece in enumerate(tokens):
-        if types[i] not in (1, 4) or len(piece) < 2:
+    tokenizers library's SentencePiece conversion does. The candidates are kept as integer arrays
+    (a large vocabulary has hundreds of thousands) and the merges reuse the vocabulary's strings."""
+    from array import array
+    piece, left, right = array("q"), array("q"), array("q")
+    for i, p in enumerate(tokens):
+        if types[i] not in (1, 4) or len(p) < 2:
             continue
-        for k in range(1, len(piece)):
-            a, b = piece[:k], piece[k:]
-            if a in vocab and b in vocab:
-                # user-defined pieces (type 4) are atomic in SentencePiece: their merges go first
-                merges.append((types[i] != 4, -scores[i], i, vocab[a], vocab[b], a, b))
-    merges.sort()  # then by score, ties in vocabulary order of the merged piece, then of its parts
-    return [(a, b) for *_, a, b in merges]
+        for k in range(1, len(p)):
+            a, b = vocab.get(p[:k]), vocab.get(p[k:])
+            if a is not None and b is not None:
+                piece.append(i), left.append(a), right.append(b)
+    piece, left, right = (np.frombuffer(x, np.int64) for x in (piece, left, right))
+    # user-defined pieces (type 4) are atomic in SentencePiece: their merges go first; then by
+    # score, ties in vocabulary order of the merged piece, then of its parts
+    user = np.asarray(types, np.int64)[piece] == 4
+    order = np.lexsort((right, left, piece, -np.asarray(scores, np.float64)[piece], ~user))
+    return [(tokens[a], tokens[b]) for a, b in zip(left[order].tolist(), right[order].tolist())]
 
 
 # ---- a runnable model ----
-_LOSSLESS = {"Q8_0": 8, "Q4_0": 4, "Q5_0": 8}  # codes that fit our int8/int4 groups of 32 as they are
+def _ggml_linear_class():
+    from express.nn.module import Module
+    from express.ops.quant import ggml_linear
+    from express.tensor import as_tensor
 
+    class GGUFLinear(Module):
+        """y = x @ W.T (+ bias) with W the GGUF blocks of a `QuantTensor`, used in place (mapped from
+        the file, never converted), through `express.ops.quant.ggml_linear`."""
 
-def _pack(qb: QuantBlocks):
-    from express.ops.quant import pack_weight, quantize_weight
-    if qb.kind in _LOSSLESS and qb.group == 32 and qb.offsets is None:
-        bits = _LOSSLESS[qb.kind]
-        return (*pack_weight(qb.codes, qb.scales, bits, 32), bits)
-    return (*quantize_weight(qb.dequantize(), 8, 32), 8)
+        def __init__(self, qt: "QuantTensor", bias=None):
+            self.qweight, self.kind = as_tensor(qt.raw), qt.kind  # "qweight": left alone by loader.assign
+            self.bias = None if bias is None else as_tensor(bias)
+            self.out_features, self.in_features = qt.shape
 
-
-def to_packed(w, chunk: int = 16384):
-    """(qweight, scales, bits) in express's packed group-32 format, converted `chunk` rows at a
-    time. Q8_0/Q4_0/Q5_0 keep their codes and scales exactly; the K types (groups of 16, or with a
-    per-group minimum) are requantized to int8 groups of 32 from their decoded values, an error
-    of at most half an int8 step."""
-    n = w.shape[0]
-    out_q = out_s = None
-    for r0 in range(0, n, chunk):  # chunk is a multiple of 8: packed rows come in groups of 8
-        q, s, bits = _pack(w.rows(r0, min(n, r0 + chunk)))
-        if out_q is None:
-            g = -(-n // 8)
-            out_q, out_s = np.empty((g,) + q.shape[1:], q.dtype), np.empty((g,) + s.shape[1:], s.dtype)
-        out_q[r0 // 8:r0 // 8 + q.shape[0]], out_s[r0 // 8:r0 // 8 + s.shape[0]] = q, s
-    return out_q, out_s, bits
+        def forward(self, x):
+            return ggml_linear(x, self.qweight, self.kind, self.bias)
+    return GGUFLinear
 
 
 def load_model(path):
     """(CausalLM, embed, Tokenizer, generation config) from a GGUF file; quantized matrices stay
-    packed (low-memory mode), the tied embedding is read from the quantized head."""
+    in the file's blocks, memory-mapped (low-memory mode), and multiply as llama.cpp's do; the tied
+    embedding is read from the quantized head's rows."""
     import express as ex
-    from express.nn.quantized import QuantizedLinear, replace_linears
+    from express.nn.quantized import replace_linears
 
     from .config import ModelConfig
-    from .loader import assign, quantized_embed, tie
+    from .loader import assign, tie
     from .model import CausalLM
     from .tokenizer import Tokenizer
 
@@ -415,7 +480,8 @@ def load_model(path):
     cfg = ModelConfig.from_dict(cfg_dict, g.path)
     model = CausalLM(cfg)
     weights = load_weights(g, cfg_dict)
-    packed = {k: v for k, v in weights.items() if isinstance(v, (QuantBlocks, QuantTensor))}
+    packed = {k: v for k, v in weights.items() if isinstance(v, QuantTensor)}
+    GGUFLinear = _ggml_linear_class()
     lin_names = set()
 
     def swap(name, lin):
@@ -426,11 +492,10 @@ def load_model(path):
             raise ModelError(f"{g.path}: tensor for {name!r} has shape {tuple(qb.shape)}, the config implies "
                              f"{tuple(lin.weight.shape)}")
         lin_names.add(name + ".weight")
-        q, s, bits = to_packed(qb)
-        return QuantizedLinear(q, s, lin.bias, bits, 32, qb.shape[0])
+        return GGUFLinear(qb, lin.bias)
     replace_linears(model, swap)
     emb = weights.get("model.embed_tokens.weight")
-    quant_emb = isinstance(emb, (QuantBlocks, QuantTensor))
+    quant_emb = isinstance(emb, QuantTensor)
     if quant_emb:  # the (tied) head holds the table; lookups dequantize rows
         model.model.embed_tokens.weight = ex.zeros((0, cfg.hidden_size))
         weights["model.embed_tokens.weight"] = np.zeros((0, cfg.hidden_size), np.float32)
@@ -444,10 +509,10 @@ def load_model(path):
     if quant_emb:
         if not cfg.tie_word_embeddings:
             raise ModelError(f"{g.path}: a quantized embedding needs a tied output head")
-        q, s, bits = to_packed(emb)
-        head = QuantizedLinear(q, s, None, bits, 32, cfg.vocab_size)
-        model._tied["head"] = head
-        embed = quantized_embed(head)
+        if emb.shape[0] != cfg.vocab_size:
+            raise ModelError(f"{g.path}: token_embd has {emb.shape[0]} rows for a vocabulary of {cfg.vocab_size}")
+        model._tied["head"] = GGUFLinear(emb)
+        embed = emb.lookup
     else:
         tie(model)
         table = np.asarray(emb, np.float32)
@@ -460,7 +525,21 @@ def load_model(path):
     end_turn = tok.token_to_id("<end_of_turn>")  # Gemma's chat turns end here
     if end_turn is not None:
         eos_ids.append(end_turn)
+    del g, weights, packed
+    _release_heap()
     return model, embed, tok, {"eos_token_id": eos_ids, "bos_token_id": bos}
+
+
+def _release_heap():
+    """Hand the loader's freed temporaries (vocabulary lists, merge candidates: tens of MB for a
+    large vocabulary) back to the system, where the C library can (glibc's malloc_trim)."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def default_model_path() -> str:

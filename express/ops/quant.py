@@ -145,3 +145,62 @@ def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_fe
     n = int(out_features) if out_features is not None else 8 * ins[2].shape[0]
     y = node(_QLINEAR, ins, bits=int(bits), group_size=int(group_size), n=n)
     return reshape(y, lead + (y.shape[-1],)) if x.ndim != 2 else y
+
+
+# ---- weights in GGUF blocks, used in place ----
+GGML_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+
+def _ggml_infer(x, w, *bias, kind, k):
+    if x.dtype is not dt.float32 or w.dtype is not dt.uint8:
+        raise DTypeError(f"ggml_linear: x must be float32 and the blocks uint8, got {x.dtype.name} and {w.dtype.name}")
+    rb = int(lib.ex_ggml_row_bytes(GGML_TYPES[kind], k))
+    if rb < 0 or x.ndim != 2 or w.ndim != 2 or x.shape[1] != k or w.shape[1] != rb:
+        raise ShapeError(f"ggml_linear: input {x.shape} and {kind} blocks {w.shape} do not match "
+                         f"(k = {k} needs rows of {rb} bytes)")
+    if bias and bias[0].shape != (w.shape[0],):
+        raise ShapeError(f"ggml_linear: bias {bias[0].shape} does not match {w.shape[0]} outputs")
+    return (x.shape[0], w.shape[0]), dt.float32
+
+
+def _ggml_ref(x, w, *bias, kind, k):
+    from gguf import GGMLQuantizationType, quants
+    y = x @ quants.dequantize(np.asarray(w), GGMLQuantizationType[kind]).reshape(w.shape[0], k).T
+    return y + bias[0] if bias else y
+
+
+def _ggml_prepare(out, ins, kind, k):
+    x, w = ins[:2]
+    b = ffi.cast("float *", ptr(ins[2])) if len(ins) > 2 else ffi.NULL
+    args = (GGML_TYPES[kind], x.shape[0], w.shape[0], k, ffi.cast("float *", ptr(x)), ffi.cast("void *", ptr(w)), b,
+            ffi.cast("float *", ptr(out)))
+    return lambda: check(lib.ex_ggml_gemm(*args), "ggml_linear")
+
+
+_GGML_LINEAR = defop("ggml_linear", "kernel", _ggml_infer, _ggml_ref, prepare=_ggml_prepare, contiguous=(0, 1, 2))
+
+
+def ggml_linear(x, blocks, kind: str, bias=None):
+    """`x @ W.T + bias` for x (..., k) and W in GGUF blocks of type `kind` (Q4_0, Q5_0, Q8_0, Q4_K,
+    Q5_K, Q6_K), given as a uint8 array (out, bytes per row), e.g. a memory-mapped file: used in
+    place. x is quantized as llama.cpp does (Q8_0 or Q8_K) and each block is an integer dot product,
+    so results follow llama.cpp's to float rounding, and the dequantized product to about 1e-2 of
+    its scale.
+
+    >>> import numpy as np, express as ex
+    >>> w = np.zeros((3, 34), np.uint8)  # 3 rows of one Q8_0 block: scale 1.0, codes 0
+    >>> w[:, 1] = 0x3C
+    >>> ggml_linear(ex.ones((2, 32)), w, "Q8_0").shape
+    (2, 3)
+    """
+    if kind not in GGML_TYPES:
+        raise DTypeError(f"ggml_linear: block type {kind!r} is not supported (supported: {', '.join(GGML_TYPES)})")
+    x = as_tensor(x)
+    if x.dtype is not dt.float32:
+        x = astype(x, dt.float32)
+    lead = x.shape[:-1]
+    k = x.shape[-1]
+    x2 = reshape(x, (-1, k)) if x.ndim != 2 else x
+    ins = [x2, as_tensor(blocks)] + ([as_tensor(bias)] if bias is not None else [])
+    y = node(_GGML_LINEAR, ins, kind=kind, k=int(k))
+    return reshape(y, lead + (y.shape[-1],)) if x.ndim != 2 else y

@@ -38,6 +38,6 @@ def test_real_gemma_matches_transformers(real):
     kl = (np.exp(want) * (want - got)).sum(-1).mean()
     top1 = (got.argmax(-1) == want.argmax(-1)).mean()
     print(f"top-1 agreement {top1:.3f}, mean KL {kl:.4f}")
-    assert top1 >= 0.9 and kl < 0.01  # int8 activations and K-quants requantized to int8 (see docs)
+    assert top1 >= 0.9 and kl < 0.01  # llama.cpp-style int8 activations; the engines differ in attention and float order
     out = m.generate("The capital of France is", max_new_tokens=8)
     assert "France" in out or "Paris" in out

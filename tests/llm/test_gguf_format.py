@@ -128,3 +128,32 @@ def test_bad_files(tmp_path):
     p = write(tmp_path / "arch.gguf", {"output_norm.weight": (np.ones(64, np.float32), None)}, arch="mamba")
     with pytest.raises(ex.ModelError, match="mamba"):
         config_from_gguf(GGUFFile(p))
+
+
+def test_header_matches_gguf_reader(tmp_path):
+    """The header read directly, against the gguf package's reader."""
+    raw = random_blocks(Q.Q4_K, 4, 256)
+    p = write(tmp_path / "m.gguf", {"blk.0.attn_q.weight": (raw, Q.Q4_K), "output_norm.weight": (np.ones(64, np.float32), None)},
+              tokens={"tokens": ["<pad>", "<eos>", "<bos>", "a", "b"], "scores": [0.0, 0.0, 0.0, -1.5, -2.5],
+                      "types": [3, 3, 3, 1, 1]})
+    ours, ref = GGUFFile(p), gguf.GGUFReader(str(p))
+    for k, f in ref.fields.items():
+        if not k.startswith("GGUF."):
+            assert ours.metadata[k] == pytest.approx(f.contents()) if isinstance(ours.metadata[k], (float, list)) \
+                else ours.metadata[k] == f.contents(), k
+    for t in ref.tensors:
+        o = ours.tensors[t.name]
+        assert o.tensor_type == t.tensor_type and tuple(o.shape) == tuple(int(s) for s in t.shape)
+        np.testing.assert_array_equal(np.asarray(o.data), np.asarray(t.data).view(np.uint8).reshape(-1))
+
+
+def test_truncated_tensor_data_and_embedding_rows(tmp_path):
+    q8 = quants.quantize(rng.standard_normal((40, 64)).astype(np.float32), Q.Q8_0)
+    p = write(tmp_path / "m.gguf", {"token_embd.weight": (q8, Q.Q8_0)})
+    t = decode_tensor(GGUFFile(p).tensors["token_embd.weight"], lazy=True)
+    ids = np.array([[3, 0], [39, 3]])
+    np.testing.assert_array_equal(t.lookup(ids), quants.dequantize(q8, Q.Q8_0)[ids])
+    data = p.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:-100])  # the header is whole, the last tensor is not
+    with pytest.raises(ex.ModelError, match="runs past the end"):
+        GGUFFile(tmp_path / "cut.gguf")
