@@ -3,10 +3,11 @@ the UNet step at 512x512 with classifier-free guidance (batch 2) and at 256x256,
 of a 512x512 image, the CLIP text encoder; seconds per call (best of interleaved runs) and peak RSS. Random
 weights with the exact SD 1.5 configs (nothing is downloaded).
 
-    python benchmarks/sd.py [--threads 2] [--repeat 3] [--skip-torch] [--generate-rss]
+    python benchmarks/sd.py [--threads 2] [--repeat 3] [--skip-torch] [--generate-rss] [--attention]
 
 Targets: UNet step >= 1.5x faster than diffusers + torch at 2 threads; peak RSS of a full
-512x512 generation with fp16 weights (`--generate-rss`, a fresh process) under 4 GB."""
+512x512 generation with fp16 weights (`--generate-rss`, a fresh process) under 4 GB.
+`--attention`: only the UNet's attention shapes, F.scaled_dot_product_attention against torch's."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +144,40 @@ def bench(args):
     print(f"peak RSS of this process (both engines' weights): {peak_rss_mb():.0f} MB")
 
 
+def attention_shapes():
+    """(label, batch, heads, Lq, Lk, head dim) of every attention in the UNet step: self-attention at
+    each level of the 512x512 and 256x256 latents (8 heads of 320/640/1280 channels) and the
+    cross-attention over 77 text tokens."""
+    out = []
+    for res, side in ((512, 64), (256, 32)):
+        for lvl, d in enumerate((40, 80, 160, 160)):
+            lq = (side >> lvl) ** 2
+            out += [(f"{res} self", 2, 8, lq, lq, d), (f"{res} cross", 2, 8, lq, 77, d)]
+    return out
+
+
+def bench_attention(args):
+    """Side by side, per UNet attention shape: seconds per call, ours and torch's SDPA."""
+    import torch
+    import express.nn.functional as F
+    ex.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    sdpa = ex.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v))
+    print(f"\nscaled_dot_product_attention, SD 1.5 UNet shapes, {args.threads} threads, best of {args.repeat}")
+    print(f"{'shape (B, H, Lq, Lk, D)':34s} {'express ms':>10s} {'torch ms':>10s} {'speedup':>8s}")
+    for label, b, h, lq, lk, d in attention_shapes():
+        q = rng.standard_normal((b, h, lq, d), dtype=np.float32)
+        k, v = (rng.standard_normal((b, h, lk, d), dtype=np.float32) for _ in range(2))
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        np.testing.assert_allclose(sdpa(q, k, v).numpy(), torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv).numpy(), rtol=1e-3, atol=1e-4)
+        t = timeit([lambda: sdpa(q, k, v).numpy(),
+                    lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)], args.repeat)
+        print(f"{label + str((b, h, lq, lk, d)):34s} {t[0] * 1e3:10.2f} {t[1] * 1e3:10.2f} {t[1] / t[0]:7.2f}x",
+              flush=True)
+
+
 def write_folder(root):
     """A diffusers folder with SD 1.5 shapes, random fp16 weights and a byte-level vocabulary."""
     from safetensors.numpy import save_file
@@ -210,9 +245,12 @@ def main():
     ap.add_argument("--steps", type=int, default=2, help="steps of the --generate-rss run")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--generate-rss", action="store_true", help="only the full-generation memory run")
+    ap.add_argument("--attention", action="store_true", help="only the attention shapes, against torch's SDPA")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.generate_rss:
+    if args.attention:
+        bench_attention(args)
+    elif args.generate_rss:
         generate_rss(args)
     else:
         bench(args)

@@ -202,3 +202,59 @@ def test_isa_names():
     ex.set_isa(before)
     with pytest.raises(ex.ExpressError, match="set_isa"):
         ex.set_isa("sse9")
+
+
+def attention_call(q, k, v, mask=None, scale=0.3, causal=False):
+    """ex_attention on (B, H, L, D) arrays of any strides along B/H/L (unit along D)."""
+    b, hq, lq, _ = q.shape
+    y = np.empty((b, hq, lq, v.shape[3]), np.float32)
+    st = [ffi.new("int64_t[3]", [s // 4 for s in a.strides[:3]]) for a in (q, k, v)]
+    m, ms = ffi.NULL, ffi.NULL
+    if mask is not None:
+        mask = np.broadcast_to(mask, (b, hq, lq, k.shape[2]))
+        m, ms = fp(mask), ffi.new("int64_t[4]", [s // 4 for s in mask.strides])
+    rc = lib.ex_attention(fp(q), st[0], fp(k), st[1], fp(v), st[2], m, ms, fp(y), b, hq, k.shape[1], lq,
+                          k.shape[2], q.shape[3], v.shape[3], scale, int(causal))
+    assert rc == 0
+    return y
+
+
+def attention_reference(q, k, v, mask=None, scale=0.3, causal=False):
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True) @ v
+
+
+# many rows per KV head take the packed-K/V path: key blocks of whole vectors with a ragged
+# last one, head dims that are no multiple of the vector width, GQA, causal with lq != lk
+@pytest.mark.parametrize("b,hq,hk,lq,lk,d,dv", [(2, 2, 2, 64, 77, 40, 40), (1, 4, 2, 37, 300, 40, 40),
+                                                (1, 2, 1, 150, 70, 80, 80), (1, 1, 1, 70, 150, 160, 160),
+                                                (1, 3, 3, 16, 129, 7, 5), (1, 8, 2, 4, 1000, 64, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_packed_blocks(b, hq, hk, lq, lk, d, dv, causal, isa, threads):
+    q, k, v = rnd(b, hq, lq, d), rnd(b, hk, lk, d), rnd(b, hk, lk, dv)
+    np.testing.assert_allclose(attention_call(q, k, v, causal=causal), attention_reference(q, k, v, causal=causal),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_attention_packed_masks_and_views(isa):
+    # (B, L, H, D) storage seen as (B, H, L, D); rows masked for whole key blocks, then visible
+    q = rnd(2, 40, 3, 16).transpose(0, 2, 1, 3)
+    k, v = rnd(2, 3, 260, 16), rnd(2, 3, 260, 24)
+    mask = np.where(RNG.random((40, 260)) > 0.2, rnd(40, 260), -np.inf).astype(np.float32)
+    mask[:20, :200] = -np.inf
+    mask[:, 259] = 0.0
+    np.testing.assert_allclose(attention_call(q, k, v, mask), attention_reference(q, k, v, mask), rtol=1e-4,
+                               atol=1e-5)
+    mask = rnd(2, 1, 40, 1)  # broadcast along heads and keys (zero strides)
+    np.testing.assert_allclose(attention_call(q, k, v, mask, causal=True),
+                               attention_reference(q, k, v, mask, causal=True), rtol=1e-4, atol=1e-5)
+    big = q * 10  # large scores (float32 rounding of them grows too): the running max must rescale
+    np.testing.assert_allclose(attention_call(big, k, v), attention_reference(big, k, v), rtol=1e-4, atol=1e-4)
