@@ -59,6 +59,8 @@ enum ex_opcode {
   EX_OP_I_WHERE,       /* dst = c ? a : b */
   EX_OP_I_WRAP,        /* dst = a wrapped to the width of dtype imm0 (an ex_dtype code), e.g. for
                           int8 intermediates inside a fused chain */
+  EX_OP_F_NARROW,      /* dst = a rounded to dtype imm0 (EX_F16 or EX_BF16), nearest even: an
+                          astype to half precision inside a fused chain */
   EX_OP_COUNT
 };
 

@@ -151,6 +151,19 @@ def test_astype(isa, data, shape, src, dst):
         np.testing.assert_array_equal(y, a.astype(dst.np))
 
 
+@pytest.mark.parametrize("src", ["float32", "float16", "int32"])
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_astype_half_rounds_inside_a_fused_chain(isa, src, half):
+    """A cast to half precision between float32 ops rounds, as NumPy's does (the fused program's
+    registers are float32, so the cast must round explicitly)."""
+    import ml_dtypes
+    a = (np.random.default_rng(0).normal(size=257) * 3000).astype(src)
+    hnp_ = np.float16 if half == "float16" else ml_dtypes.bfloat16
+    got = (ex.asarray(a).astype(getattr(ex, half)).astype(ex.float32) * 2 + 1).numpy()
+    want = a.astype(hnp_).astype(np.float32) * 2 + 1
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("lo,hi", [(-1.0, 2.0), (None, 0.5), (ex.zeros(()), None)])
 def test_clip(isa, lo, hi):
     a = np.linspace(-3, 3, 25, dtype=np.float32).reshape(5, 5)

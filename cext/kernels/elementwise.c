@@ -23,7 +23,7 @@ static const char *const OP_SIG[EX_OP_COUNT] = {
   [EX_OP_I_EQ] = "III.", [EX_OP_I_NE] = "III.", [EX_OP_I_LT] = "III.", [EX_OP_I_LE] = "III.",
   [EX_OP_I_GT] = "III.", [EX_OP_I_GE] = "III.",
   [EX_OP_I_AND] = "III.", [EX_OP_I_OR] = "III.", [EX_OP_I_NOT] = "II..", [EX_OP_I_WHERE] = "IIII",
-  [EX_OP_I_WRAP] = "II..",
+  [EX_OP_I_WRAP] = "II..", [EX_OP_F_NARROW] = "FF..",
 };
 
 /* ---- the instruction set ---- */
@@ -121,6 +121,12 @@ static void exec(const ex_instr *in, void *d, const void *a, const void *b, cons
   case EX_OP_I_OR: I2(x != 0 || y != 0);
   case EX_OP_I_NOT: I1(x == 0);
   case EX_OP_I_WHERE: for (int64_t i = 0; i < n; i++) DI[i] = IC[i] ? IA[i] : IB[i]; break;
+  case EX_OP_F_NARROW: /* imm0 validated */
+    if ((int)f0 == EX_F16)
+      for (int64_t i = 0; i < n; i++) D[i] = f16_to_f32(f32_to_f16(A[i]));
+    else
+      for (int64_t i = 0; i < n; i++) D[i] = bf16_to_f32(f32_to_bf16(A[i]));
+    break;
   default: { /* EX_OP_I_WRAP, imm0 validated */
     int dt = (int)f0;
     I1(wrap_to(x, dt));
@@ -301,6 +307,7 @@ static int ew_validate(const ex_program *p, int64_t *total) {
       const float d = in->imm0;
       if (!(d == EX_I8 || d == EX_U8 || d == EX_I32 || d == EX_I64 || d == EX_BOOL)) return EX_EDTYPE;
     }
+    if (in->op == EX_OP_F_NARROW && !(in->imm0 == EX_F16 || in->imm0 == EX_BF16)) return EX_EDTYPE;
   }
   return EX_OK;
 }

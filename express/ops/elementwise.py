@@ -228,6 +228,9 @@ square = _public(defop("square", "elementwise", lambda a: (_no_bool("square", a)
 # ---- casts, copies, where, clip ----
 def _cast_emit(p, regs, in_dtypes, out, dtype):
     r = regs[0]
+    if out in (dt.float16, dt.bfloat16) and in_dtypes[0] != out:
+        # registers hold float32: round here, or later ops in the chain would see the wide value
+        return p.op(lib.EX_OP_F_NARROW, F, p.as_float(r), imm0=out.code)
     if out.is_float:
         return p.as_float(r)
     if out.is_bool:
