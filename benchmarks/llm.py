@@ -7,6 +7,7 @@ RSS of each run (every engine runs in its own process; best of --repeat runs), a
 bound that memory bandwidth sets (measured read bandwidth / bytes read per token).
 
     python benchmarks/llm.py [--workdir DIR] [--threads 1 2] [--engines express llama.cpp torch]
+    python benchmarks/llm.py --kernel [--threads 1 2]   # ex_qgemm alone on the model's shapes, GOP/s
 """
 from __future__ import annotations
 
@@ -183,25 +184,73 @@ def work_torch(path, threads):
 
 
 def work_bandwidth(_, threads):
-    """Read bandwidth (GB/s) of `threads` threads summing disjoint halves of a 512 MiB buffer."""
+    """Read bandwidth (GB/s) of `threads` threads reading disjoint parts of a 512 MiB buffer: the
+    faster of two read loops, an int64 sum and a float32 dot product of each part's halves (BLAS,
+    one thread each; a single core's plain sum is bound by its adds, not by memory)."""
     from concurrent.futures import ThreadPoolExecutor
-    a = np.ones(1 << 26, np.int64)  # 512 MiB
-    parts = np.array_split(a, threads)
+    a = np.ones(1 << 26, np.int64)  # 512 MiB, written (untouched pages would all read the zero page)
+    parts = [p.view(np.float32) for p in np.array_split(a, threads)]
+    halves = [(p[: len(p) // 2], p[len(p) // 2:]) for p in parts]
+    loops = [lambda i: parts[i].view(np.int64).sum(), lambda i: np.dot(*halves[i])]
     best = 0.0
     with ThreadPoolExecutor(threads) as pool:
         for _ in range(5):
-            t = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+            for f in loops:
+                t = time.perf_counter()
+                list(pool.map(f, range(threads)))
+                best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
     return dict(gbps=best, rss=_rss_mb())
 
 
-WORKERS = {"express": work_express, "llama.cpp": work_llamacpp, "torch": work_torch, "bandwidth": work_bandwidth}
+def work_kernel(_, threads):
+    """ex_qgemm alone on the model's linear shapes (random codes, group 32): GOP/s at m = 1 and
+    m = PROMPT, and the weight read rate (GB/s) at m = 1.  Best of repeated calls for ~0.3 s; at
+    m = 1 every call reads weights that were last touched one call earlier (the small matrices
+    stay in cache, as they do not in a decode step: see the decode column of the main table)."""
+    import express as ex
+    from express._lib import ffi, lib
+    from express.ops.quant import pack_weight
+    ex.set_num_threads(threads)
+    d, f, v = QWEN05["hidden_size"], QWEN05["intermediate_size"], QWEN05["vocab_size"]
+    rng = np.random.default_rng(0)
+    p = lambda a, t: ffi.cast(t, a.ctypes.data)  # noqa: E731
+    out = {}
+    for bits in (4, 8):
+        for k, n in ((d, d), (d, 128), (d, f), (f, d), (d, v)):
+            q, s = pack_weight(rng.integers(-8, 8, (n, k)), np.full((n, k // 32), 0.01, np.float32), bits, 32)
+            for m in (1, PROMPT):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                y = np.empty((m, n), np.float32)
+                args = (bits, m, n, k, 32, p(x, "float *"), p(q, "void *"), p(s, "void *"), ffi.NULL, p(y, "float *"))
+                lib.ex_qgemm(*args)
+                best, end = 1e9, time.perf_counter() + 0.3
+                while time.perf_counter() < end:
+                    t = time.perf_counter()
+                    lib.ex_qgemm(*args)
+                    best = min(best, time.perf_counter() - t)
+                out[f"int{bits} k={k} n={n} m={m}"] = (2 * m * n * k / best / 1e9, (q.nbytes + s.nbytes) / best / 1e9)
+    return out
+
+
+def kernel_table(threads):
+    for th in threads:
+        env = dict(os.environ, OMP_NUM_THREADS=str(th), EXPRESS_NUM_THREADS=str(th))
+        p = subprocess.run([sys.executable, __file__, "--worker", "kernel", "--path", "", "--nthreads", str(th)],
+                           capture_output=True, text=True, env=env, check=True)
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        print(f"\nex_qgemm, {th} thread(s), GOP/s (m = 1: also GB/s of weights read)")
+        for key, (gops, gbps) in r.items():
+            print(f"{key:<28}{gops:>9.1f}" + (f"{gbps:>9.1f}" if key.endswith(" m=1") else ""))
+
+
+WORKERS = {"kernel": work_kernel, "express": work_express, "llama.cpp": work_llamacpp, "torch": work_torch, "bandwidth": work_bandwidth}
 
 
 def run_worker(kind, path, threads, repeat=1):
     """Best of `repeat` fresh processes (the fastest run is the least disturbed one)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), EXPRESS_NUM_THREADS=str(threads))
+    if kind == "bandwidth":  # one BLAS thread per reading thread
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     best = None
     for _ in range(repeat):
         p = subprocess.run([sys.executable, __file__, "--worker", kind, "--path", path, "--nthreads", str(threads)],
@@ -230,12 +279,16 @@ def main():
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--engines", nargs="+", default=["express", "llama.cpp", "torch"])
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs per engine (shared machines are noisy)")
+    ap.add_argument("--kernel", action="store_true", help="time ex_qgemm alone on the model's shapes")
     ap.add_argument("--worker")
     ap.add_argument("--path")
     ap.add_argument("--nthreads", type=int)
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a.path, a.nthreads)))
+        return
+    if a.kernel:
+        kernel_table(a.threads)
         return
     from llm.export import export
     hf = os.path.join(a.workdir, "qwen2.5-0.5b-random")

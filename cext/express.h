@@ -212,7 +212,8 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
  * rows interleaved by 8 (n8 = n rounded up to 8), chunks of 32 values along k; scales float16
  * [n8 / 8][k / group][8] (byte layout in cext/kernels/qgemm.c).  group % 32 == 0 and
  * k % group == 0 (else EX_EINVAL); bias may be NULL.  x is rounded to int8 per 32 values (as
- * llama.cpp's Q8_0) and every block is an integer dot product.  x and y are contiguous. */
+ * llama.cpp's Q8_0) and every block is an integer dot product (AVX-512 VNNI, AVX2 or portable
+ * code, as ex_isa and the CPU allow).  x and y are contiguous. */
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y);
 

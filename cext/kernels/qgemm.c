@@ -13,11 +13,21 @@
  * x is quantized to int8 per 32 values (scale max|x| / 127, the Q8_0 scheme), each 32-block is
  * an integer dot product, scaled by the weight and activation scales in float.  int4 keeps the
  * unsigned nibbles and subtracts 8 * sum(x) per block; its int16 partial sums cannot overflow
- * (8 steps * 2 * 15 * 127 < 32768).  Row groups are split over the pool; each task walks its rows
- * for up to QG_MR rows of x at a time, so a weight chunk is expanded once per QG_MR rows.
+ * (8 steps * 2 * 15 * 127 < 32768).  Row groups are split over the pool; each task walks its row
+ * groups and, for each, all rows of x QG_MR at a time (a chunk is expanded once per QG_MR rows,
+ * and the group's weights stay in L1 while x passes over them).
  *
- * Its own translation unit: the AVX2 code carries a target attribute and runs only when the
- * selected ISA is not generic (ex_isa), so EXPRESS_ISA=generic exercises the portable code. */
+ * AVX-512 VNNI: a 512-bit register holds one step of two row groups side by side (16 rows x 4
+ * values), so one vpdpbusd against 4 values of x broadcast from memory gives 16 rows' partial
+ * sums.  vpdpbusd multiplies unsigned by signed bytes: int4 nibbles are already unsigned; int8
+ * weights are made unsigned by flipping their sign bit (q + 128), and both subtract the offset
+ * times sum(x) by starting the block's int32 sum at -offset * sum(x).  Each task walks column
+ * pairs of groups and, for each, all rows of x QG_MR512 at a time, so the weights of a pair
+ * (k / 2 bytes per row for int4) stay in L1 while every row of x passes over them.
+ *
+ * Its own translation unit: the SIMD code carries target attributes and runs only when the
+ * selected ISA allows it (ex_isa: AVX2 for "avx2", VNNI for "avx512" when the CPU has
+ * avx512vnni), so EXPRESS_ISA=generic / avx2 exercise the portable and AVX2 code. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +38,10 @@
 #endif
 
 #define QG_MR 4
+#define QG_MR512 8
+/* software prefetch distance (bytes) for streaming weights at m = 1: a hardware prefetcher alone
+ * leaves a single core well short of the DRAM bandwidth */
+#define QG_PF 8192
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct {
@@ -35,16 +49,20 @@ typedef struct {
   int64_t m, n, k, group;
   const int8_t *xq;   /* m x k quantized activations */
   const float *xs;    /* m x k/32 their scales */
-  const float *xc;    /* m x k/32: 8 * sum(xq) of the block (int4 offset correction) */
+  const int32_t *xc;  /* m x k/32: offset * sum(xq) of the block (8 for int4, 128 for int8) */
+  const int8_t *xe;   /* m = 1, VNNI: x as gemv_vnni reads it (NULL otherwise) */
   const uint8_t *wq;
   const uint16_t *scales; /* float16 */
   const float *bias;
   float *y;
-  int avx2;
+  int path;           /* QG_GENERIC, QG_AVX2 or QG_VNNI */
 } qg_ctx;
 
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *xs, float *xc) {
-  for (int64_t i = 0; i < m * (k / 32); i++) {
+enum { QG_GENERIC, QG_AVX2, QG_VNNI };
+
+/* nblk blocks of 32: int8 codes, scales, offset * sum of the codes */
+static void quantize_rows(const float *x, int64_t nblk, int32_t offset, int8_t *xq, float *xs, int32_t *xc) {
+  for (int64_t i = 0; i < nblk; i++) {
     const float *v = x + i * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
@@ -55,7 +73,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, floa
       sum += xq[i * 32 + j];
     }
     xs[i] = d;
-    xc[i] = 8.0f * (float)sum;
+    xc[i] = offset * sum;
   }
 }
 
@@ -139,8 +157,8 @@ AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr
   for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
   const uint8_t *w = c->wq + R * nb * 128;
   for (int64_t b = 0; b < nb; b++, w += 128) {
-    _mm_prefetch((const char *)(w + 2048), _MM_HINT_T0);
-    _mm_prefetch((const char *)(w + 2112), _MM_HINT_T0);
+    _mm_prefetch((const char *)(w + QG_PF), _MM_HINT_T0);
+    _mm_prefetch((const char *)(w + QG_PF + 64), _MM_HINT_T0);
     const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 32)),
                   r2 = _mm256_loadu_si256((const __m256i *)(w + 64)), r3 = _mm256_loadu_si256((const __m256i *)(w + 96));
     const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
@@ -160,7 +178,7 @@ AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr
       p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
       p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
       const int64_t xb = (i0 + i) * nb + b;
-      const __m256 d = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(c->xc[xb]));
+      const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(c->xc[xb])));
       acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
   }
@@ -175,8 +193,8 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr
   const uint8_t *w = c->wq + R * nb * 256;
   for (int64_t b = 0; b < nb; b++, w += 256) {
     __m256i wv[8], wa[8];
+    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(w + QG_PF + l), _MM_HINT_T0);
     for (int t = 0; t < 8; t++) {
-      _mm_prefetch((const char *)(w + 1024 + t * 32), _MM_HINT_T0);
       wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 32));
       wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
     }
@@ -192,16 +210,169 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr
   }
   store_rows(c, acc, R, i0, mr);
 }
+
+#define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* the same rounding as quantize_rows (cvtps rounds to nearest even, as lrintf) */
+VNNI_FN static void quantize_rows_avx512(const float *x, int64_t nblk, int32_t offset, int8_t *xq, float *xs,
+                                         int32_t *xc) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t i = 0; i < nblk; i++) {
+    const __m512 a = _mm512_loadu_ps(x + i * 32), b = _mm512_loadu_ps(x + i * 32 + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a, absmask), _mm512_and_ps(b, absmask)));
+    const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+    _mm_storeu_si128((__m128i *)(xq + i * 32), _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(xq + i * 32 + 16), _mm512_cvtsepi32_epi8(qb));
+    xs[i] = d;
+    xc[i] = offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  }
+}
+
+/* one step t of row groups R0 | R1 in the two halves of a register */
+VNNI_FN static inline __m512i load_pair(const uint8_t *w0, const uint8_t *w1) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w0)),
+                            _mm256_loadu_si256((const __m256i *)w1), 1);
+}
+
+/* y columns 8 * R .. 8 * R + 15 (row groups R and R + 1; when R is the last group its copy fills
+ * the upper half and is not stored) for MR rows of x from i0.  BITS and MR are constants at
+ * every call, so the accumulators live in registers. */
+VNNI_FN __attribute__((always_inline)) static inline void pair_vnni(const qg_ctx *c, int64_t R, int64_t i0,
+                                                                    const int BITS, const int MR) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 256 : 128;
+  const int64_t R1 = R + 1 < (c->n + 7) / 8 ? R + 1 : R;
+  const uint8_t *w0 = c->wq + R * nb * cb, *w1 = c->wq + R1 * nb * cb;
+  const uint16_t *s0 = c->scales + R * ng * 8, *s1 = c->scales + R1 * ng * 8;
+  const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[MR];
+  for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, w0 += cb, w1 += cb) {
+    __m512i w[8]; /* w[t] pairs with x values 4t .. 4t + 3 of the block */
+    if (BITS == 4) {
+      for (int t = 0; t < 4; t++) {
+        const __m512i r = load_pair(w0 + 32 * t, w1 + 32 * t);
+        w[t] = _mm512_and_si512(r, m4);
+        w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
+      }
+    } else {
+      for (int t = 0; t < 8; t++) w[t] = _mm512_xor_si512(load_pair(w0 + 32 * t, w1 + 32 * t), flip);
+    }
+    const int64_t sg = (b / per_g) * 8;
+    const __m512 sw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(s0 + sg))), _mm_loadu_si128((const __m128i *)(s1 + sg)), 1));
+    for (int i = 0; i < MR; i++) {
+      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+      const int64_t xb = (i0 + i) * nb + b;
+      __m512i d = _mm512_set1_epi32(-c->xc[xb]);
+      int32_t v;
+      for (int t = 0; t < 8; t++) {
+        memcpy(&v, x + 4 * t, 4);
+        d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(v));
+      }
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[xb])), acc[i]);
+    }
+  }
+  const int64_t cols = QG_MIN(c->n - R * 8, R1 > R ? 16 : 8);
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+  const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(mask, c->bias + R * 8) : _mm512_setzero_ps();
+  for (int i = 0; i < MR; i++) _mm512_mask_storeu_ps(c->y + (i0 + i) * c->n + R * 8, mask, _mm512_add_ps(acc[i], bias));
+}
+
+#define QG_PAIR_CASES(BITS)                                            \
+  switch (mr) {                                                        \
+    case 1: pair_vnni(c, R, i0, BITS, 1); break;                       \
+    case 2: pair_vnni(c, R, i0, BITS, 2); break;                       \
+    case 3: pair_vnni(c, R, i0, BITS, 3); break;                       \
+    case 4: pair_vnni(c, R, i0, BITS, 4); break;                       \
+    case 5: pair_vnni(c, R, i0, BITS, 5); break;                       \
+    case 6: pair_vnni(c, R, i0, BITS, 6); break;                       \
+    case 7: pair_vnni(c, R, i0, BITS, 7); break;                       \
+    default: pair_vnni(c, R, i0, BITS, QG_MR512); break;               \
+  }
+
+/* column pairs [p0, p1) (groups 2p, 2p + 1), every row of x */
+VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p++) {
+    const int64_t R = 2 * p;
+    for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR512) {
+      const int mr = (int)QG_MIN(QG_MR512, c->m - i0);
+      if (c->bits == 4) {
+        QG_PAIR_CASES(4)
+      } else {
+        QG_PAIR_CASES(8)
+      }
+    }
+  }
+}
+
+/* m = 1 reads each row group as one stream of 64-byte loads, two steps t, t + 1 of 8 rows each:
+ * x is laid out for it once per call, 4 x 64 bytes per block, vector p holding values
+ * 8p .. 8p + 3 of the block in its lower 8 lanes and 8p + 4 .. 8p + 7 in its upper 8 */
+VNNI_FN static void expand_x_vnni(const int8_t *xq, int64_t nb, int8_t *xe) {
+  const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t b = 0; b < nb; b++) {
+    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + b * 32)));
+    for (int p = 0; p < 4; p++)
+      _mm512_storeu_si512(xe + (b * 4 + p) * 64, _mm512_permutexvar_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(2 * p)), v));
+  }
+}
+
+/* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps) */
+VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
+  const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t R = g0; R < g1; R++) {
+    const uint8_t *w = c->wq + R * nb * cb;
+    const uint16_t *s = c->scales + R * ng * 8;
+    /* two int32 sums per block and two float sums (even, odd blocks): short dependency chains */
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
+      for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
+      const __m512i *x = (const __m512i *)(c->xe + b * 256);
+      __m512i d0 = _mm512_maskz_set1_epi32(0x00ff, -c->xc[b]), d1 = _mm512_setzero_si512();
+      if (c->bits == 4) {
+        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64);
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), _mm512_loadu_si512(x));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), _mm512_loadu_si512(x + 1));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_loadu_si512(x + 2));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), _mm512_loadu_si512(x + 3));
+      } else {
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w), flip), _mm512_loadu_si512(x));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip), _mm512_loadu_si512(x + 1));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 128), flip), _mm512_loadu_si512(x + 2));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 192), flip), _mm512_loadu_si512(x + 3));
+      }
+      const __m512 sw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)s)));
+      acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])), acc[b & 1]);
+      if (++j == per_g) j = 0, s += 8; /* the next scale group */
+    }
+    acc[0] = _mm512_add_ps(acc[0], acc[1]);
+    __m256 y = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm512_extractf32x8_ps(acc[0], 1));
+    const int64_t cols = QG_MIN(c->n - R * 8, 8);
+    const __mmask8 mask = (__mmask8)((1u << cols) - 1);
+    if (c->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(mask, c->bias + R * 8));
+    _mm256_mask_storeu_ps(c->y + R * 8, mask, y);
+  }
+}
 #endif
 
 static void task(void *ctx, int64_t g0, int64_t g1) {
   const qg_ctx *c = ctx;
 #if defined(__x86_64__)
-  if (c->avx2) {
-    /* x rows in blocks of QG_MR (outer) so a task's weights stream once per block of x rows */
-    for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR) {
-      const int mr = (int)QG_MIN(QG_MR, c->m - i0);
-      for (int64_t R = g0; R < g1; R++) {
+  if (c->path == QG_VNNI) {
+    if (c->xe)
+      gemv_vnni(c, g0, g1);
+    else
+      pairs_vnni(c, g0, g1);
+    return;
+  }
+  if (c->path == QG_AVX2) {
+    /* every block of QG_MR rows of x against one row group while its weights are in L1 */
+    for (int64_t R = g0; R < g1; R++) {
+      for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR) {
+        const int mr = (int)QG_MIN(QG_MR, c->m - i0);
         if (c->bits == 4)
           block_avx2_q4(c, R, i0, mr);
         else
@@ -214,20 +385,50 @@ static void task(void *ctx, int64_t g0, int64_t g1) {
   rows_generic(c, g0, g1);
 }
 
+static int qg_path(void) {
+  const int isa = ex_isa();
+#if defined(__x86_64__)
+  if (isa == EX_ISA_AVX512) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vnni")) return QG_VNNI;
+  }
+#endif
+  return isa == EX_ISA_GENERIC ? QG_GENERIC : QG_AVX2;
+}
+
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y) {
   if ((bits != 4 && bits != 8) || m < 0 || n < 0 || k <= 0 || group <= 0 || group % 32 || k % group)
     return EX_EINVAL;
   if (m == 0 || n == 0) return EX_OK;
+  const int64_t nblk = m * (k / 32);
   int8_t *xq = malloc((size_t)(m * k));
-  float *xs = malloc(sizeof(float) * (size_t)(2 * m * k / 32));
-  if (!xq || !xs) {
-    free(xq), free(xs);
+  float *xs = malloc(sizeof(float) * (size_t)nblk);
+  int32_t *xc = malloc(sizeof(int32_t) * (size_t)nblk);
+  if (!xq || !xs || !xc) {
+    free(xq), free(xs), free(xc);
     return EX_ENOMEM;
   }
-  quantize_rows(x, m, k, xq, xs, xs + m * k / 32);
-  qg_ctx c = {bits, m, n, k, group, xq, xs, xs + m * k / 32, wq, scales, bias, y, ex_isa() != EX_ISA_GENERIC};
-  ex_parallel_for((n + 7) / 8, 4, task, &c);
-  free(xq), free(xs);
+  const int path = qg_path();
+  const int32_t offset = bits == 4 ? 8 : 128;
+  int8_t *xe = NULL;
+#if defined(__x86_64__)
+  if (path == QG_VNNI) {
+    quantize_rows_avx512(x, nblk, offset, xq, xs, xc);
+    if (m == 1 && !(xe = aligned_alloc(64, (size_t)(k * 8)))) {
+      free(xq), free(xs), free(xc);
+      return EX_ENOMEM;
+    }
+    if (xe) expand_x_vnni(xq, k / 32, xe);
+  } else
+#endif
+    quantize_rows(x, nblk, offset, xq, xs, xc);
+  qg_ctx c = {bits, m, n, k, group, xq, xs, xc, xe, wq, scales, bias, y, path};
+  const int64_t groups = (n + 7) / 8;
+  if (path == QG_VNNI && !xe)
+    ex_parallel_for((groups + 1) / 2, m >= QG_MR512 ? 1 : 8, task, &c);
+  else
+    ex_parallel_for(groups, m == 1 ? 16 : 4, task, &c);
+  free(xq), free(xs), free(xc), free(xe);
   return EX_OK;
 }

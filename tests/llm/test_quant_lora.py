@@ -11,38 +11,38 @@ import express as ex
 import express.nn as nn
 import llm
 from express.nn.quantized import QuantizedLinear
-from express.ops.quant import dequantize_weight, qlinear, quantize_weight
+from express.ops.quant import dequantize_weight, pack_weight, qlinear, quantize_weight
 from llm.__main__ import main
 
 from conftest import FAMILIES
 from test_llm import IDS, ref_logits
 
 # ---- the op against its NumPy reference ----
-@pytest.mark.parametrize("isa", ["avx2", "generic"])
+# n: an odd number of 8-row groups with a partial last one, and an even number of full ones;
+# m: one row, and partial and several full blocks of rows (the kernels take rows 4 or 8 at a time)
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("m", [1, 3, 8, 37])
-def test_qlinear_matches_reference(isa, bits, group, m):
-    if isa == "avx2" and not ex._lib.lib.ex_cpu_has_avx2():
-        pytest.skip("no AVX2")
-    rng = np.random.default_rng(m * bits + group)
-    w = rng.standard_normal((70, 256)).astype(np.float32)
+@pytest.mark.parametrize("m, n", [(1, 70), (3, 70), (8, 70), (37, 70), (1, 128), (19, 128)])
+def test_qlinear_matches_reference(isa, bits, group, m, n):
+    rng = np.random.default_rng(m * bits + group + n)
+    w = rng.standard_normal((n, 256)).astype(np.float32)
     x = rng.standard_normal((m, 256)).astype(np.float32)
-    b = rng.standard_normal(70).astype(np.float32)
+    x[0, :32] = 0  # an all-zero block (scale 0)
+    b = rng.standard_normal(n).astype(np.float32)
     q, s = quantize_weight(w, bits, group)
-    ref = x @ dequantize_weight(q, s, bits, group, 70).T + b
-    prev = ex.isa()
-    ex.set_isa(isa)
-    try:
-        y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group, out_features=70).numpy()
-    finally:
-        ex.set_isa(prev)
+    ref = x @ dequantize_weight(q, s, bits, group, n).T + b
+    y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group, out_features=n).numpy()
     # x is rounded to int8 per 32 values inside the kernel: exact against the same rounding in NumPy
     xq = x.reshape(m, -1, 32)
     xs = np.abs(xq).max(-1, keepdims=True) / 127
     xr = (np.rint(xq / np.where(xs > 0, xs, 1)) * xs).reshape(m, 256)
-    np.testing.assert_allclose(y, xr @ dequantize_weight(q, s, bits, group, 70).T + b, atol=2e-4, rtol=1e-5)
+    np.testing.assert_allclose(y, xr @ dequantize_weight(q, s, bits, group, n).T + b, atol=2e-4, rtol=1e-5)
     assert np.abs(y - ref).max() <= 1.5e-2 * np.abs(ref).max()
+    # without bias, and with the extremes of both codes (-8 / 7 for int4, +-127 for int8)
+    lo, hi = (-127, 127) if bits == 8 else (-8, 7)
+    q, s = pack_weight(rng.choice([lo, hi], (n, 256)), rng.uniform(0.5, 1, (n, 256 // group)), bits, group)
+    y = qlinear(ex.asarray(x), q, s, bits=bits, group_size=group, out_features=n).numpy()
+    np.testing.assert_allclose(y, xr @ dequantize_weight(q, s, bits, group, n).T, atol=2e-3, rtol=1e-5)
 
 
 def test_quantize_weight_roundtrip_and_error_bounds():
