@@ -21,7 +21,7 @@ def _declarations():
     return re.sub(r"//[^\n]*", "", text)
 
 
-KERNELS = ["elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h",
+KERNELS = ["half.h", "elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h",
            "conv.c", "pool.c", "normalize.c", "attention.c"]
 
 

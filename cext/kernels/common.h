@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../internal.h"
+#include "half.h"
 #ifdef EX_AVX2
 #include <immintrin.h>
 #endif
@@ -31,10 +32,7 @@ static inline float f16_to_f32(uint16_t h) {
 #ifdef EX_AVX2
   return _cvtsh_ss(h);
 #else
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  if (e == 0x1f) return f_from_bits(sign | 0x7f800000u | (m << 13));
-  if (e) return f_from_bits(sign | ((e + 112) << 23) | (m << 13));
-  return f_from_bits(sign | f_bits((float)m * 5.9604644775390625e-8f)); /* m * 2^-24, exact */
+  return half_to_f32(h);
 #endif
 }
 
@@ -42,19 +40,7 @@ static inline uint16_t f32_to_f16(float f) {
 #ifdef EX_AVX2
   return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 #else
-  uint32_t x = f_bits(f), sign = (x >> 16) & 0x8000;
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) /* inf or NaN (kept quiet) */
-    return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00 | ((x >> 13) & 0x3ff) : 0x7c00));
-  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
-  if (x < 0x38800000u) {
-    /* below 2^-14: adding 0.5f puts the f16 subnormal ulp (2^-24) at the float ulp, so the
-     * FPU's own round-to-nearest-even does the rounding */
-    float a = f_from_bits(x) + 0.5f;
-    return (uint16_t)(sign | (f_bits(a) - 0x3f000000u));
-  }
-  x += 0xc8000fffu + ((x >> 13) & 1); /* rebias exponent by -112, round half to even */
-  return (uint16_t)(sign | (x >> 13));
+  return f32_to_half(f);
 #endif
 }
 

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../internal.h"
+#include "half.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -52,48 +53,8 @@ static int64_t block_bytes(int t) {
   }
 }
 
-static inline float gq_half(const uint8_t *p) {
-  const uint16_t h = (uint16_t)(p[0] | p[1] << 8);
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-  float f;
-  if (e == 0x1f) {
-    u = sign | 0x7f800000u | (m << 13);
-  } else if (e) {
-    u = sign | ((e + 112) << 23) | (m << 13);
-  } else {
-    f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
-    memcpy(&u, &f, 4);
-    u |= sign;
-  }
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-/* float -> float16 -> float, rounding to nearest even (as F16C's conversion) */
-static float round_half(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
-  uint16_t h;
-  if (a >= 0x7f800000u) {
-    h = (uint16_t)(a > 0x7f800000u ? 0x7e00 : 0x7c00);
-  } else if (a >= 0x477ff000u) { /* rounds to >= 65520: overflow */
-    h = 0x7c00;
-  } else if (a < 0x38800000u) { /* subnormal half (or zero): multiples of 2^-24 */
-    float f;
-    memcpy(&f, &a, 4);
-    h = (uint16_t)lrintf(f * 16777216.0f);
-  } else {
-    const uint32_t mant = a & 0x7fffffu, e = (a >> 23) - 112;
-    uint32_t v = (e << 10) | (mant >> 13);
-    const uint32_t rest = mant & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (v & 1))) v++;
-    h = (uint16_t)v;
-  }
-  h |= (uint16_t)(sign >> 16);
-  const uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
-  return gq_half(b);
-}
+/* a little-endian float16 at any byte address */
+static inline float gq_half(const uint8_t *p) { return half_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 /* ---- activations ---- */
 typedef struct {
@@ -107,7 +68,7 @@ static void quantize_q8_0(const float *x, int64_t k, int8_t *q, float *d) {
     const float *v = x + b * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
-    d[b] = round_half(amax / 127.0f);
+    d[b] = half_to_f32(f32_to_half(amax / 127.0f));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int j = 0; j < 32; j++) q[b * 32 + j] = (int8_t)lrintf(v[j] * id);
   }

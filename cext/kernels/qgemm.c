@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../internal.h"
+#include "half.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -77,22 +78,6 @@ static void quantize_rows(const float *x, int64_t nblk, int32_t offset, int8_t *
   }
 }
 
-static inline float half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-  float f;
-  if (e == 0x1f) {
-    u = sign | 0x7f800000u | (m << 13);
-  } else if (e) {
-    u = sign | ((e + 112) << 23) | (m << 13);
-  } else {
-    f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
-    memcpy(&u, &f, 4);
-    u |= sign;
-  }
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static inline int64_t chunk_bytes(int bits) { return bits == 8 ? 256 : 128; }
 
 /* rows [8 * g0, 8 * g1) x all m, portable */
@@ -117,7 +102,7 @@ static void rows_generic(const qg_ctx *c, int64_t g0, int64_t g1) {
                 d += ((v & 15) - 8) * xq[b * 32 + 4 * t + j] + ((v >> 4) - 8) * xq[b * 32 + 16 + 4 * t + j];
               }
           }
-          acc[r] += (float)d * c->xs[i * nb + b] * half_to_float(s[r]);
+          acc[r] += (float)d * c->xs[i * nb + b] * half_to_f32(s[r]);
         }
       }
       for (int r = 0; r < 8; r++) {
