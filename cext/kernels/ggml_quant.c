@@ -24,7 +24,9 @@
  * maddubs, AVX-512 VNNI with vpdpbusd/vpdpwssd) carries target pragmas and runs only when the
  * selected ISA (ex_isa) allows it, so EXPRESS_ISA=generic exercises the portable code.
  * Rows of W are split over the pool; a task takes 4 rows of W at a time against up to GQ_MR rows
- * of x, so each decoded weight block serves several activation rows (prefill). */
+ * of x, so each decoded weight block serves several activation rows (prefill).  One row of x
+ * (decode) streams the weights from memory: the Q8_0 / Q4_0 / Q5_0 loops keep two accumulators
+ * and prefetch GQ_PF bytes ahead; the K types unpack their scales with vector shuffles. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define GQ_MR 4 /* activation rows per pass */
 #define GQ_RB 4 /* weight rows per pass */
+#define GQ_PF 4096 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
@@ -278,16 +281,21 @@ static void task(void *ctx, int64_t r0, int64_t r1) {
       return;
     }
   }
-  if (c->simd == 2 && (c->type == T_Q5_0 || c->type == T_Q4_0) && c->m == 1) {
-    int32_t *xsum = malloc(sizeof(int32_t) * (size_t)(c->k / 32));
-    if (xsum) {
+  if (c->simd == 1 && c->type == T_Q8_0 && c->m == 1) {
+    rows_q8_0_m1_avx2(c, r0, r1);
+    return;
+  }
+  if (c->simd && (c->type == T_Q5_0 || c->type == T_Q4_0) && c->m == 1) {
+    int32_t *xoff = calloc((size_t)(c->k / 32) * 8, sizeof(int32_t));
+    if (xoff) {
+      const int off = c->type == T_Q5_0 ? 16 : 8;
       for (int64_t b = 0; b < c->k / 32; b++) {
         int32_t s = 0;
         for (int j = 0; j < 32; j++) s += c->a.q[32 * b + j];
-        xsum[b] = s;
+        xoff[8 * b] = -off * s;
       }
-      rows_q0u_m1_vnni(c, r0, r1, xsum);
-      free(xsum);
+      (c->simd == 2 ? rows_q0u_m1_vnni : rows_q0u_m1_avx2)(c, r0, r1, xoff);
+      free(xoff);
       return;
     }
   }
