@@ -160,7 +160,8 @@ typedef struct {
 int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
               const float *res, float *y);
 /* GEMM weights packed once into the micro-kernel's panel layout (for the variant in use):
- * ex_conv_packed_size(p) floats, filled by ex_conv_pack_weights(p, w, out) */
+ * ex_conv_packed_size(p) floats, filled by ex_conv_pack_weights(p, w, out); for WINOGRAD, w is
+ * ex_winograd_weights' output and each of its 36 matrices is packed */
 int64_t ex_conv_packed_size(const ex_conv_params *p);
 int ex_conv_pack_weights(const ex_conv_params *p, const float *w, float *out);
 /* F(4x4, 3x3) weights: u[36][oc][ic] from w[oc][ic][3][3] */

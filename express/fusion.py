@@ -109,7 +109,8 @@ def _winograd(conv, ins):
     if algo != "winograd":  # GEMM / depthwise: constant GEMM weights are packed once at prepare
         return None if a.get("prepack") or algo == "depthwise" else _rebuild(conv, ins, algo=algo, prepack=True)
     u = _wino_cached(w)
-    return _rebuild(conv, [x, u] + list(ins[2:]), algo="winograd", wlayout="winograd", kernel=tuple(w.shape[2:]))
+    return _rebuild(conv, [x, u] + list(ins[2:]), algo="winograd", wlayout="winograd", kernel=tuple(w.shape[2:]),
+                    prepack=True)
 
 
 def fuse_kernels(nodes: list, canon: dict, roots) -> list:

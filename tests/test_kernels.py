@@ -91,6 +91,44 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
     assert np.abs(y2 - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("shape", [(1, 17, 9, 13, 1), (2, 33, 17, 7, 65), (1, 7, 65, 5, 7), (1, 520, 9, 9, 19)])
+def test_winograd_prepacked_weights(shape, isa, threads):
+    """Transformed weights packed once for the GEMM (K blocks past 512 channels, odd sizes)."""
+    n, c, h, w, oc = shape
+    x, wt, b, r = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc), rnd(n, oc, h, w)
+    u = winograd_weights(wt)
+    y = np.empty((n, oc, h, w), np.float32)
+    p = conv_params(x.shape, y.shape, (3, 3), (1, 1), (1, 1), (1, 1), 1, "relu", "winograd")
+    packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
+    assert lib.ex_conv_pack_weights(p, fp(u), fp(packed)) == 0
+    p.wpack = fp(packed)
+    assert lib.ex_conv2d(p, fp(x), fp(u), fp(b), fp(r), fp(y)) == 0
+    want = np.maximum(conv2d_ref(x, wt, b, pads=(1, 1, 1, 1)) + r, 0)
+    assert np.abs(y - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("case", [(1, 64, 65, 17, 7, 3, 2, 1, 1), (1, 3, 17, 65, 65, 7, 2, 3, 1),
+                                  (2, 6, 7, 7, 4, 3, 1, 0, 2), (1, 5, 1, 1, 3, 3, 1, 1, 1),
+                                  (1, 4, 33, 20, 6, 5, 3, 2, 2)])
+@pytest.mark.parametrize("prepack", [False, True])
+def test_conv_im2col_packed_chunks(case, prepack, isa, threads):
+    """im2col written in the GEMM's packed-B layout: several K blocks (64 x 3 x 3 > 512), several
+    chunks of output rows, odd widths, strides, padding, groups, with and without packed weights."""
+    n, c, h, w, oc, k, s, pad, g = case
+    x, wt, b, r = rnd(n, c, h, w), rnd(oc, c // g, k, k), rnd(oc), None
+    oh, ow = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    y = np.empty((n, oc, oh, ow), np.float32)
+    r = rnd(n, oc, oh, ow)
+    p = conv_params(x.shape, y.shape, (k, k), (s, s), (pad, pad), (1, 1), g, "relu", "gemm")
+    if prepack:
+        packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
+        assert lib.ex_conv_pack_weights(p, fp(wt), fp(packed)) == 0
+        p.wpack = fp(packed)
+    assert lib.ex_conv2d(p, fp(x), fp(wt), fp(b), fp(r), fp(y)) == 0
+    want = np.maximum(conv2d_ref(x, wt, b, (s, s), (pad,) * 4, (1, 1), g) + r, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+
+
 @pytest.mark.parametrize("hw", [5, 7, 14])
 def test_conv_small_spatial_transposed_gemm(hw, isa, threads):
     """Few output positions and many channels: the GEMM runs transposed, then the epilogue."""

@@ -3,15 +3,18 @@
  * is exactly that, written as a GEMM.
  * Algorithms (chosen by the caller, EX_CONV_AUTO picks depthwise or GEMM):
  *   GEMM       per image and group: W[oc, c*kh*kw] @ col[c*kh*kw, oh*ow] with the packed sgemm
- *              and its fused epilogue, col built a chunk of output rows at a time; a 1x1
- *              stride-1 unpadded conv reads x itself as col.  Few output positions (7x7, 14x14)
- *              run transposed, col^T @ W^T, then a transpose with the epilogue.
+ *              and its fused epilogue, col built a chunk of output rows at a time (for kernels
+ *              over 1x1 directly in the GEMM's packed-B layout); a 1x1 stride-1 unpadded conv
+ *              reads x itself as col.  Few output positions (7x7, 14x14) run transposed,
+ *              col^T @ W^T, then a transpose with the epilogue.
  *   DEPTHWISE  groups == c == oc: a zero-padded copy of each plane; 3x3 stride 1 and 2 as one
  *              flat vector loop over the plane (see below), other kernels per output row.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
- *              (ex_winograd_weights); tiles in blocks of up to WT (input transform vectorized
- *              across 8 tiles), 36 GEMMs per block, output transform + epilogue.  Blocks run on
- *              the pool (each block single-threaded), or one block uses the pool in its GEMMs. */
+ *              (ex_winograd_weights), optionally pre-packed as GEMM A (ex_conv_pack_weights);
+ *              tiles in blocks of up to WT (input transform vectorized across 8 tiles, written
+ *              straight in packed-B form), 36 GEMMs per block, output transform + epilogue.
+ *              Blocks run on the pool (each block single-threaded), or one block uses the pool
+ *              in its GEMMs. */
 #include "common.h"
 
 typedef float cv8 __attribute__((vector_size(32)));
@@ -28,7 +31,7 @@ static int conv_check(const ex_conv_params *p) {
 /* Per-thread scratch buffers kept between calls: a fresh multi-megabyte malloc is mmap'ed and
  * page-faulted again on every call, which costs as much as a small convolution.  Buffers over
  * SCRATCH_KEEP are allocated and freed each time. */
-enum { SC_COL, SC_XD, SC_TR, SC_WG_X, SC_WG_V, SC_SLOTS };
+enum { SC_COL, SC_XD, SC_TR, SC_WG_X, SC_WG_V, SC_ROW, SC_SLOTS };
 #define SCRATCH_KEEP ((size_t)64 << 20)
 static _Thread_local float *sc_buf[SC_SLOTS];
 static _Thread_local size_t sc_cap[SC_SLOTS];
@@ -75,45 +78,65 @@ static void dw_deint(const float *s, int64_t n, float *ev, float *od) {
 typedef struct {
   const ex_conv_params *p;
   const float *x; /* the group's first input channel */
-  float *col;     /* [K, (oy1 - oy0) * ow]: output rows [oy0, oy1) */
+  float *col;     /* [K, (oy1 - oy0) * ow]: output rows [oy0, oy1), or packed (below) */
   const float *xd; /* stride 2: each input row split into even then odd columns (or NULL) */
   int64_t oy0, oy1;
+  int packed;      /* col in the GEMM's packed-B layout (K blocks, NR-column panels) */
+  _Atomic int *err;
 } i2c_ctx;
+
+/* row r of col (output rows [oy0, oy1)) to dst */
+static void i2c_row(const i2c_ctx *g, int64_t r, float *dst) {
+  const ex_conv_params *p = g->p;
+  const int64_t kk = p->kh * p->kw;
+  const int64_t ci = r / kk, i = r % kk / p->kw, j = r % p->kw;
+  const float *xc = g->x + ci * p->h * p->w;
+  /* ox range whose input column is inside [0, w) */
+  const int64_t off = j * p->dw - p->pw;
+  int64_t lo = off < 0 ? (-off + p->sw - 1) / p->sw : 0;
+  int64_t hi = p->w - off <= 0 ? 0 : (p->w - off - 1) / p->sw + 1;
+  lo = EX_MIN(lo, p->ow);
+  hi = EX_MAX(EX_MIN(hi, p->ow), lo);
+  for (int64_t oy = g->oy0; oy < g->oy1; oy++, dst += p->ow) {
+    const int64_t iy = oy * p->sh - p->ph + i * p->dh;
+    if (iy < 0 || iy >= p->h) {
+      memset(dst, 0, (size_t)p->ow * sizeof(float));
+      continue;
+    }
+    const float *src = xc + iy * p->w + off;
+    for (int64_t ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
+    if (p->sw == 1) {
+      memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
+    } else if (g->xd && hi > lo) { /* column 2 ox + off of the row: even or odd half */
+      const float *row = g->xd + (ci * p->h + iy) * p->w;
+      const int64_t start = lo * 2 + off; /* >= 0 */
+      const float *half = start & 1 ? row + (p->w + 1) / 2 + start / 2 : row + start / 2;
+      memcpy(dst + lo, half, (size_t)(hi - lo) * sizeof(float));
+    } else {
+      for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
+    }
+    for (int64_t ox = hi; ox < p->ow; ox++) dst[ox] = 0.0f;
+  }
+}
 
 static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
   const i2c_ctx *g = vctx;
-  const ex_conv_params *p = g->p;
-  const int64_t kk = p->kh * p->kw, N = (g->oy1 - g->oy0) * p->ow;
+  const int64_t K = g->p->c / g->p->groups * g->p->kh * g->p->kw, N = (g->oy1 - g->oy0) * g->p->ow;
+  if (!g->packed) {
+    for (int64_t r = r0; r < r1; r++) i2c_row(g, r, g->col + r * N);
+    return;
+  }
+  /* packed: each row built in a small buffer, then cut into its NR-column panel pieces, so the
+   * GEMM reads col as pre-packed B instead of packing a copy of it */
+  float *row = sc_take(SC_ROW, (size_t)ROUND_UP(N, NR));
+  if (!row) { *g->err = EX_ENOMEM; return; }
+  const int64_t np = ROUND_UP(N, NR), ks = kc_step(K);
   for (int64_t r = r0; r < r1; r++) {
-    const int64_t ci = r / kk, i = r % kk / p->kw, j = r % p->kw;
-    const float *xc = g->x + ci * p->h * p->w;
-    float *dst = g->col + r * N;
-    /* ox range whose input column is inside [0, w) */
-    const int64_t off = j * p->dw - p->pw;
-    int64_t lo = off < 0 ? (-off + p->sw - 1) / p->sw : 0;
-    int64_t hi = p->w - off <= 0 ? 0 : (p->w - off - 1) / p->sw + 1;
-    lo = EX_MIN(lo, p->ow);
-    hi = EX_MAX(EX_MIN(hi, p->ow), lo);
-    for (int64_t oy = g->oy0; oy < g->oy1; oy++, dst += p->ow) {
-      const int64_t iy = oy * p->sh - p->ph + i * p->dh;
-      if (iy < 0 || iy >= p->h) {
-        memset(dst, 0, (size_t)p->ow * sizeof(float));
-        continue;
-      }
-      const float *src = xc + iy * p->w + off;
-      for (int64_t ox = 0; ox < lo; ox++) dst[ox] = 0.0f;
-      if (p->sw == 1) {
-        memcpy(dst + lo, src + lo, (size_t)(hi - lo) * sizeof(float));
-      } else if (g->xd && hi > lo) { /* column 2 ox + off of the row: even or odd half */
-        const float *row = g->xd + (ci * p->h + iy) * p->w;
-        const int64_t start = lo * 2 + off; /* >= 0 */
-        const float *half = start & 1 ? row + (p->w + 1) / 2 + start / 2 : row + start / 2;
-        memcpy(dst + lo, half, (size_t)(hi - lo) * sizeof(float));
-      } else {
-        for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
-      }
-      for (int64_t ox = hi; ox < p->ow; ox++) dst[ox] = 0.0f;
-    }
+    i2c_row(g, r, row);
+    for (int64_t n = N; n < np; n++) row[n] = 0.0f;
+    const int64_t pc = r / ks * ks, kc = EX_MIN(ks, K - pc);
+    float *dst = g->col + pc * np + (r - pc) * NR;
+    for (int64_t n0 = 0; n0 < np; n0 += NR) memcpy(dst + n0 * kc, row + n0, NR * sizeof(float));
   }
 }
 
@@ -126,6 +149,7 @@ static int conv_tr(const ex_conv_params *p) {
   return N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05;
 }
 
+#define I2C_PK 131072
 static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                      const float *res, float *y) {
   const int64_t G = p->groups, cg = p->c / G, ocg = p->oc / G, K = cg * p->kh * p->kw,
@@ -137,8 +161,14 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
   const int trans = conv_tr(p) && (packed_t || !packed);
   /* im2col in chunks of output rows, so the column panel stays in cache (about 2 MB, but at
    * least 512 columns for the GEMM); the transposed small-N form takes all rows at once */
-  const int64_t rows = trans || direct ? p->oh : EX_MIN(p->oh, (EX_MAX(512, 524288 / K) + p->ow - 1) / p->ow);
-  float *col = direct ? NULL : sc_take(SC_COL, (size_t)(K * rows * p->ow));
+  /* kh x kw > 1: col is written straight in packed-B form (the GEMM packs no copy of it), in
+   * chunks of output rows of about I2C_PK floats, so it is still in L2 when the GEMM reads it */
+  const int pk = !direct && !trans && p->kh * p->kw > 1;
+  const int64_t rows = trans || direct ? p->oh
+                       : pk ? EX_MIN(p->oh, (EX_MAX(4 * NR, I2C_PK / K) + p->ow - 1) / p->ow)
+                            : EX_MIN(p->oh, (EX_MAX(512, 524288 / K) + p->ow - 1) / p->ow);
+  float *col = direct ? NULL : sc_take(SC_COL, (size_t)(K * ROUND_UP(rows * p->ow, NR)));
+  _Atomic int i2c_err = EX_OK;
   float *xd = !direct && p->sw == 2 && p->kw > 1 ? sc_take(SC_XD, (size_t)(cg * p->h * p->w)) : NULL;
   float *tr = trans ? sc_take(SC_TR, (size_t)(N * ocg)) : NULL;
   int err = (!direct && !col) || (!direct && p->sw == 2 && p->kw > 1 && !xd) || (trans && !tr) ? EX_ENOMEM : EX_OK;
@@ -156,8 +186,9 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
         const int64_t oy1 = EX_MIN(p->oh, oy0 + rows), Nc = (oy1 - oy0) * p->ow, o0 = oy0 * p->ow;
         const float *B = xg;
         if (!direct) {
-          i2c_ctx ic = {p, xg, col, xd, oy0, oy1};
+          i2c_ctx ic = {p, xg, col, xd, oy0, oy1, pk, &i2c_err};
           ex_parallel_for(K, EX_MAX(1, 16384 / EX_MAX(Nc, 1)), im2col_task, &ic);
+          if ((err = i2c_err)) break;
           B = col;
         }
         if (trans) { /* T[N, ocg] = B^T @ W^T, then a blocked transpose with the epilogue */
@@ -184,9 +215,11 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
         const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo + o0 : NULL, N, p->act};
         const int64_t ldb = direct ? N : Nc;
         if (direct) B += o0;
-        if (packed)
-          err = sgemm_run(NULL, p->wpack + g * packed_a_floats(ocg, K) + PACK_HDR, K, 1, B, NULL, EX_F32,
-                          ldb, 1, y + yo + o0, N, ocg, Nc, K, &ep);
+        const float *apk = packed ? p->wpack + g * packed_a_floats(ocg, K) + PACK_HDR : NULL;
+        if (pk)
+          err = sgemm_run(w + g * ocg * K, apk, K, 1, NULL, col, EX_F32, 0, 0, y + yo + o0, N, ocg, Nc, K, &ep);
+        else if (packed)
+          err = sgemm_run(NULL, apk, K, 1, B, NULL, EX_F32, ldb, 1, y + yo + o0, N, ocg, Nc, K, &ep);
         else
           err = sgemm_ep(w + g * ocg * K, K, 1, B, EX_F32, ldb, 1, y + yo + o0, N, ocg, Nc, K, &ep);
       }
@@ -410,6 +443,25 @@ static inline void wg_int4(const __m256 *q, float *d) {
   _mm256_storeu_ps(d + 16, _mm256_permute2f128_ps(a, b, 0x31));
   _mm256_storeu_ps(d + 24, _mm256_permute2f128_ps(c, e, 0x31));
 }
+/* 8 rows of 8 floats -> 8 vectors, lane l of vector q = r[l][q] */
+static inline void wg_tr8(const __m256 *r, __m256 *q) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
+               t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
+               t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
+               t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  q[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  q[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  q[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  q[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  q[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  q[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  q[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  q[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
 #endif
 
 typedef struct {
@@ -419,14 +471,28 @@ typedef struct {
   int64_t tw, th, T, total, tb, tbp; /* tiles per row/column/image, all tiles, tiles per block */
   const float *xp;                   /* NULL, or the input zero-padded to (4 th + 2) x xpw */
   int64_t xpw;
+  const float *upk;                  /* NULL, or U pre-packed as GEMM A (ex_conv_pack_weights) */
+  int64_t vx;                        /* floats of V per transform point x */
   _Atomic int err;
 } wg_ctx;
+
+/* V[x] is written straight in the GEMM's packed-B layout (K blocks of kc_step(C) channels,
+ * NR-tile panels, np = ROUND_UP(nt, NR) columns): the offset of channel c, tile j */
+static inline int64_t wg_voff(int64_t C, int64_t np, int64_t c, int64_t j) {
+  const int64_t ks = kc_step(C), pc = c / ks * ks, kc = EX_MIN(ks, C - pc);
+  return pc * np + j / NR * kc * NR + (c - pc) * NR + j % NR;
+}
 
 static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
   const ex_conv_params *p = g->p;
   const int64_t C = p->c, O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp;
-  const int64_t HW = p->h * p->w, OHW = p->oh * p->ow;
-  /* input transform: V[36][C][S] */
+  const int64_t HW = p->h * p->w, OHW = p->oh * p->ow, np = ROUND_UP(nt, NR), nt8 = ROUND_UP(nt, 8);
+  /* the packed panels' columns past the last 8-tile group: zero */
+  if (nt8 < np)
+    for (int x = 0; x < 36; x++)
+      for (int64_t c = 0; c < C; c++)
+        memset(V + x * g->vx + wg_voff(C, np, c, nt8), 0, (size_t)(np - nt8) * sizeof(float));
+  /* input transform: V[36] packed [C][np] */
   for (int64_t j = 0; j < nt; j += 8) {
     int64_t ib[8], iy0[8], ix0[8];
     int inside[8];
@@ -453,6 +519,16 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
           for (int q = 0; q < 4; q++) memcpy(&d[r][q], &q4[q], sizeof(cv8));
           memcpy(&d[r][4], &h4[0], sizeof(cv8));
           memcpy(&d[r][5], &h4[1], sizeof(cv8));
+        }
+      } else if (g->xp) { /* any 8 tiles: 8 rows of 8 floats per tile row r, transposed */
+        const float *s[8];
+        for (int l = 0; l < 8; l++)
+          s[l] = g->xp + ((ib[l] * C + c) * (4 * g->th + 2) + iy0[l] + p->ph) * g->xpw + ix0[l] + p->pw;
+        for (int r = 0; r < 6; r++) {
+          __m256 rw[8], q8[8];
+          for (int l = 0; l < 8; l++) rw[l] = _mm256_loadu_ps(s[l] + r * g->xpw);
+          wg_tr8(rw, q8);
+          for (int q = 0; q < 6; q++) memcpy(&d[r][q], &q8[q], sizeof(cv8));
         }
       } else
 #endif
@@ -482,17 +558,18 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
       for (int r = 0; r < 6; r++) {
         cv8 o[6];
         WG_BT(t[r][0], t[r][1], t[r][2], t[r][3], t[r][4], t[r][5], o);
-        for (int q = 0; q < 6; q++) memcpy(V + ((r * 6 + q) * C + c) * S + j, &o[q], sizeof(cv8));
+        const int64_t vo = wg_voff(C, np, c, j);
+        for (int q = 0; q < 6; q++) memcpy(V + (r * 6 + q) * g->vx + vo, &o[q], sizeof(cv8));
       }
     }
   }
   /* 36 GEMMs: M[x][O][S] = U[x][O][C] @ V[x][C][S] */
   for (int x = 0; x < 36; x++)
-    sgemm_ep(g->u + x * O * C, C, 1, V + x * C * S, EX_F32, S, 1, M + x * O * S, S, O, nt, C,
-             &EPI_NONE);
-  /* output transform + epilogue */
-  for (int64_t j = 0; j < nt; j += 8) {
-    for (int64_t o = 0; o < O; o++) {
+    sgemm_run(g->u + x * O * C, g->upk ? g->upk + x * packed_a_floats(O, C) + PACK_HDR : NULL, C, 1,
+              NULL, V + x * g->vx, EX_F32, 0, 0, M + x * O * S, S, O, nt, C, &EPI_NONE);
+  /* output transform + epilogue: each output channel's 36 rows of M read front to back */
+  for (int64_t o = 0; o < O; o++) {
+    for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
       for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + (x * O + o) * S + j, sizeof(cv8));
       for (int q = 0; q < 6; q++) {
@@ -526,6 +603,28 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
           }
           continue;
         }
+        /* any 8 tiles: row r of every tile from one interleave, tile l's 4 values at 4 l */
+        for (int r = 0; r < 4; r++) {
+          __m256 q4[4];
+          float row[32];
+          for (int q = 0; q < 4; q++) memcpy(&q4[q], &out[r][q], sizeof(cv8));
+          wg_int4(q4, row);
+          for (int e = 0; e < 32; e++) row[e] += bv;
+          if (!g->res) act_row(p->act, row, 32);
+          for (int l = 0; l < 8 && j + l < nt; l++) {
+            const int64_t tl = t + l, ttl = tl % g->T, bl = tl / g->T;
+            const int64_t oyl = ttl / g->tw * 4 + r, oxl = ttl % g->tw * 4;
+            if (oyl >= p->oh) continue;
+            const int64_t nq = EX_MIN(4, p->ow - oxl), off = (bl * O + o) * OHW + oyl * p->ow + oxl;
+            float *v = row + 4 * l;
+            if (g->res) {
+              for (int q = 0; q < nq; q++) v[q] += g->res[off + q];
+              act_row(p->act, v, nq);
+            }
+            memcpy(g->y + off, v, (size_t)nq * sizeof(float));
+          }
+        }
+        continue;
       }
 #endif
       for (int l = 0; l < 8 && j + l < nt; l++) {
@@ -549,9 +648,9 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
 static void wg_task(void *vctx, int64_t b0, int64_t b1) {
   wg_ctx *g = vctx;
   const ex_conv_params *p = g->p;
-  float *V = sc_take(SC_WG_V, (size_t)(36 * (p->c + p->oc) * g->tbp));
+  float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + p->oc * g->tbp)));
   if (!V) { g->err = EX_ENOMEM; return; }
-  for (int64_t b = b0; b < b1; b++) wg_block(g, b * g->tb, V, V + 36 * p->c * g->tbp);
+  for (int64_t b = b0; b < b1; b++) wg_block(g, b * g->tb, V, V + 36 * g->vx);
   sc_give(SC_WG_V, V);
 }
 
@@ -560,7 +659,8 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
       p->groups != 1)
     return EX_EINVAL;
-  wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0, 0};
+  wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0,
+              packed_a_for(p->wpack, p->oc, p->c) ? p->wpack : NULL, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
   int64_t tb = WT; /* each of the 36 GEMMs streams its slice of V and M once: favour wide N */
@@ -568,6 +668,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   if (g.total < tb * nt) tb = EX_MAX(8, ROUND_UP((g.total + nt - 1) / nt, 8));
   g.tb = EX_MIN(tb, ROUND_UP(g.total, 8));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
+  g.vx = p->c * ROUND_UP(g.tb, NR);
   const int64_t nblk = (g.total + g.tb - 1) / g.tb;
   float *xp = NULL;
 #ifdef EX_AVX2
@@ -651,6 +752,7 @@ static int conv_transpose2d(const ex_conv_params *p, const float *x, const float
 /* GEMM weights, per group, in sgemm_run's packed layout: as A, or transposed as B (conv_tr) */
 static int64_t conv_packed_size(const ex_conv_params *p) {
   if (conv_check(p)) return 0;
+  if (p->algo == EX_CONV_WINOGRAD) return 36 * packed_a_floats(p->oc, p->c);
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
   return p->groups * (conv_tr(p) ? packed_b_floats(K, ocg) : packed_a_floats(ocg, K));
 }
@@ -659,6 +761,11 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   int err = conv_check(p);
   if (err) return err;
   if (!w || !out) return EX_EINVAL;
+  if (p->algo == EX_CONV_WINOGRAD) { /* w: U[36][oc][c], each point's matrix packed as A */
+    for (int x = 0; x < 36; x++)
+      gemm_pack_a(w + x * p->oc * p->c, p->c, p->oc, p->c, out + x * packed_a_floats(p->oc, p->c));
+    return EX_OK;
+  }
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
   for (int64_t g = 0; g < p->groups; g++)
     if (conv_tr(p)) gemm_pack_b(w + g * ocg * K, 1, K, K, ocg, out + g * packed_b_floats(K, ocg));

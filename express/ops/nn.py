@@ -226,7 +226,8 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
         u = np.empty((36,) + w.shape[:2], np.float32)  # weights computed at run time: transform each run
         keep.append(u)
     p = conv_params(x.shape, out.shape, kernel, stride, pads, dilation, groups, act, algo)
-    if prepack and algo == "gemm":  # constant weights: packed once for the GEMM micro-kernel
+    if prepack and (algo == "gemm" or (algo == "winograd" and not runtime_wino)):
+        # constant weights (or transformed Winograd weights): packed once for the GEMM micro-kernel
         packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
         check(lib.ex_conv_pack_weights(p, _fp(w), _fp(packed)), "conv2d")
         keep.append(packed)
