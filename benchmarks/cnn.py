@@ -7,7 +7,9 @@ exported to ONNX for onnxruntime (all graph optimizations) and converted with MN
 an express.nn module loaded with the same weights (BatchNorm statistics randomized so it is not an
 identity). Outputs are checked to agree before timing. Express runs through `ex.compile`. Each
 engine gets warm-up runs, then the median (and best) of `--runs` timed runs per thread count;
-engines alternate run by run so machine noise hits them alike. Needs: torch, onnx, onnxruntime, mnn.
+engines alternate run by run so machine noise hits them alike, with a short idle gap (`--gap`) before
+each timed run so one engine's still-spinning pool threads do not compete with the next engine.
+Needs: torch, onnx, onnxruntime, mnn.
 """
 from __future__ import annotations
 
@@ -108,13 +110,15 @@ class Express:
         return self.f(x).numpy()
 
 
-def bench(engines, x, runs, warmup=3):
+def bench(engines, x, runs, warmup=3, gap=0.0):
     for e in engines:
         for _ in range(warmup):
             e(x)
     times = {e.name: [] for e in engines}
     for _ in range(runs):
         for e in engines:
+            if gap:  # let the previous engine's spinning worker threads go idle first
+                time.sleep(gap)
             t0 = time.perf_counter()
             e(x)
             times[e.name].append(time.perf_counter() - t0)
@@ -126,6 +130,9 @@ def main():
     ap.add_argument("--models", default="resnet18,resnet50,mobilenet_v2")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--gap", type=float, default=0.05,
+                    help="seconds of idle before each timed run, so the worker threads one engine leaves "
+                         "spinning do not take cores from the next (0: back to back)")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -148,7 +155,7 @@ def main():
                 err = np.abs(e(x) - want).max() / np.abs(want).max()
                 if err > 1e-3:
                     raise SystemExit(f"{name}: {e.name} output differs from PyTorch (max error {err:.2e} of max)")
-            t = bench(engines, x, args.runs)
+            t = bench(engines, x, args.runs, gap=args.gap)
             rows.append((name, nt, t))
             print(f"{name} threads={nt}: " + ", ".join(f"{k} {v[0]:.1f} ms" for k, v in t.items()), file=sys.stderr,
                   flush=True)

@@ -91,7 +91,8 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
     assert np.abs(y2 - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("shape", [(1, 17, 9, 13, 1), (2, 33, 17, 7, 65), (1, 7, 65, 5, 7), (1, 520, 9, 9, 19)])
+@pytest.mark.parametrize("shape", [(1, 17, 9, 13, 1), (2, 33, 17, 7, 65), (1, 7, 65, 5, 7), (1, 520, 9, 9, 19),
+                                   (1, 520, 13, 13, 65)])
 def test_winograd_prepacked_weights(shape, isa, threads):
     """Transformed weights packed once for the GEMM (K blocks past 512 channels, odd sizes)."""
     n, c, h, w, oc = shape
@@ -296,3 +297,41 @@ def test_attention_packed_masks_and_views(isa):
                                attention_reference(q, k, v, mask, causal=True), rtol=1e-4, atol=1e-5)
     big = q * 10  # large scores (float32 rounding of them grows too): the running max must rescale
     np.testing.assert_allclose(attention_call(big, k, v), attention_reference(big, k, v), rtol=1e-4, atol=1e-4)
+
+
+# a KV cache bucket filled up to `filled` keys (the rest masked with -inf, and NaN in K/V so that a
+# read of it would show) and queries at positions filled - lq .. filled - 1 (a causal mask): decode
+# (few rows, K/V read in place) and prefill chunks (packed path), GQA, head dims of whole vectors
+# or not, random finite mask values where visible; the reference sees only the filled keys
+@pytest.mark.parametrize("b,hq,hk,lq,lk,filled,d,dv", [
+    (1, 14, 2, 1, 256, 161, 64, 64), (2, 6, 3, 1, 77, 50, 40, 40), (1, 8, 1, 1, 100, 97, 24, 20),
+    (1, 4, 2, 3, 130, 67, 32, 48), (1, 14, 2, 37, 128, 57, 64, 64), (1, 2, 2, 40, 300, 40, 16, 24),
+    (1, 3, 1, 5, 33, 33, 16, 16)])
+@pytest.mark.parametrize("extra", ["none", "values", "causal"])
+def test_attention_masked_tail(b, hq, hk, lq, lk, filled, d, dv, extra, isa, threads):
+    q, k, v = rnd(b, hq, lq, d), rnd(b, hk, lk, d), rnd(b, hk, lk, dv)
+    k[:, :, filled:] = np.nan
+    v[:, :, filled:] = np.nan
+    pos = np.arange(filled - lq, filled)[:, None]
+    mask = np.where(np.arange(lk)[None, :] <= pos, 0.0, -np.inf).astype(np.float32)
+    if extra == "values":
+        mask = np.where(mask == 0, rnd(lq, lk), mask).astype(np.float32)
+    causal = extra == "causal"  # also the flag (top-left aligned, so stricter for lq > 1)
+    want = attention_reference(q, k[:, :, :filled], v[:, :, :filled], mask[:, :filled], causal=causal)
+    np.testing.assert_allclose(attention_call(q, k, v, mask, causal=causal), want, rtol=1e-4, atol=1e-5)
+
+
+def test_silu_vectorized_exp(isa):
+    """silu and the MLP's silu(gate) * up (one fused program) against float64 x * sigmoid(x): the
+    vectorized exp over the whole float range, the over/underflow edges, inf and NaN."""
+    import express as ex
+    import express.nn.functional as F
+    edges = [-89.5, -88.7, -88.3, -87.1, -86.9, 86.9, 88.5, 89.5, 1e30, -1e30, 1e-40, -1e-40, 0.0, -0.0]
+    x = np.concatenate([np.linspace(-120, 120, 20001), np.linspace(-1e-3, 1e-3, 101), edges]).astype(np.float32)
+    ref = lambda a: a.astype(np.float64) / (1.0 + np.exp(-a.astype(np.float64)))  # noqa: E731
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(F.silu(ex.asarray(x)).numpy(), ref(x), rtol=1e-6, atol=1e-35)
+        special = np.array([np.inf, -np.inf, np.nan], np.float32)
+        np.testing.assert_array_equal(F.silu(ex.asarray(special)).numpy(), np.array([np.inf, np.nan, np.nan]))
+        g, u = rnd(37, 203) * 8, rnd(37, 203)
+        np.testing.assert_allclose((F.silu(ex.asarray(g)) * ex.asarray(u)).numpy(), ref(g) * u, rtol=1e-6, atol=1e-30)

@@ -12,8 +12,14 @@
  * vectorized pass per row does mask/causal/max and exp+sum, and a second micro-kernel adds P @ V
  * (AT_MR rows x up to AT_PV_NV vectors of columns) into the output rows.  Vectors are 16 floats
  * wide in the AVX-512 build, 8 in the AVX2 one, 4 in the generic one.
- * Few rows (decode): dot products against K read in place, no packing (it would cost as much as
- * the attention itself). */
+ * Few rows (decode): K read in place, no packing (it would cost as much as the attention itself);
+ * the scores of AT_W keys at a time come from one vector of partial sums per key, reduced together
+ * by a transpose-and-add tree, and P @ V uses the packed path's register-blocked micro-kernel.
+ * Keys that a row cannot see (past the diagonal when causal, or in the -inf tail of its mask row: a
+ * KV cache bucket filled only up to the current position, a causal mask) are never computed: each
+ * row's visible end is found once per call, K/V are packed only up to the largest one, and a group
+ * of rows stops at the largest end among its rows.  Such keys contribute exactly zero (scores of
+ * inf or NaN there are not looked at). */
 #include "common.h"
 
 #define BQ 64
@@ -256,18 +262,39 @@ typedef struct {
    * kp [b][hk][kb][D][bk], vp [b][hk][kb * bk][dvp], zero past the ends */
   float *kp, *vp;
   int64_t bk, nkb, dvp;
+  /* visible end of each row: keys [end, Lk) are masked; end[b * eb + h * eh + qi * eq] (zero strides
+   * where the mask broadcasts) */
+  int64_t *end, eb, eh, eq;
   _Atomic int err;
 } at_ctx;
 
+/* the end of row (b, h, qi)'s visible keys: causal, then the -inf tail of its mask row */
+static int64_t at_row_end(const at_ctx *g, int64_t b, int64_t h, int64_t qi) {
+  int64_t e = g->causal ? EX_MIN(g->Lk, qi + 1) : g->Lk;
+  if (g->mask) {
+    const float *mi = g->mask + b * g->ms[0] + h * g->ms[1] + qi * g->ms[2];
+    while (e > 0 && mi[(e - 1) * g->ms[3]] == -INFINITY) e--;
+  }
+  return e;
+}
+
 /* query row r of a block: query qi = r / G of head hh = hk * G + r % G */
 static void at_rows(const at_ctx *g, int64_t b, int64_t hk, int64_t r0, int64_t n, int64_t npad,
-                    const float **qrow, int64_t *qi, int64_t *hh) {
+                    const float **qrow, int64_t *qi, int64_t *hh, int64_t *ke) {
   for (int64_t r = 0; r < npad; r++) {
     const int64_t rr = r0 + EX_MIN(r, n - 1); /* padding rows repeat the last one */
     qi[r] = rr / g->G;
     hh[r] = hk * g->G + rr % g->G;
     qrow[r] = g->q + b * g->qs[0] + hh[r] * g->qs[1] + qi[r] * g->qs[2];
+    ke[r] = g->end[b * g->eb + hh[r] * g->eh + qi[r] * g->eq];
   }
+}
+
+/* the largest of ke[0:n] */
+static int64_t at_max_end(const int64_t *ke, int64_t n) {
+  int64_t e = 0;
+  for (int64_t r = 0; r < n; r++) e = EX_MAX(e, ke[r]);
+  return e;
 }
 
 /* scores sr[0:nj] of one row for keys j0.. (scaled): adds the mask, applies causal, then the
@@ -288,7 +315,7 @@ static int at_softmax_row(const at_ctx *g, float *sr, int64_t nj, int64_t npad, 
   for (int64_t j = nj; j < npad; j++) sr[j] = -INFINITY;
   const float mnew = nan_max(*m, row_max(sr, npad));
   if (mnew == -INFINITY) {
-    memset(sr, 0, (size_t)nj * sizeof(float));
+    memset(sr, 0, (size_t)npad * sizeof(float));
     return 0;
   }
   if (mnew != *m) {
@@ -314,22 +341,25 @@ static void at_task_packed(void *vctx, int64_t t0, int64_t t1) {
     const float *kph = g->kp + (b * g->Hk + hk) * g->nkb * D * bk;
     const float *vph = g->vp + (b * g->Hk + hk) * g->nkb * bk * dvp;
     const float *qrow[BQ];
-    int64_t qi[BQ], hh[BQ];
+    int64_t qi[BQ], hh[BQ], ke[BQ];
     float m[BQ], l[BQ];
-    at_rows(g, b, hk, r0, nr, nrp, qrow, qi, hh);
+    at_rows(g, b, hk, r0, nr, nrp, qrow, qi, hh, ke);
     for (int64_t r = 0; r < nrp; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
     memset(acc, 0, (size_t)(nrp * dvp) * sizeof(float));
-    const int64_t kend = g->causal ? EX_MIN(g->Lk, qi[nrp - 1] + 1) : g->Lk;
+    const int64_t kend = at_max_end(ke, nrp);
     for (int64_t j0 = 0; j0 < kend; j0 += bk) {
-      const int64_t nj = EX_MIN(bk, kend - j0), nvec = (nj + AT_W - 1) / AT_W;
       for (int64_t r = 0; r < nrp; r += AT_MR) {
-        if (g->causal && qi[r + AT_MR - 1] < j0) continue; /* above the diagonal: all masked */
+        /* this group's keys of the block: up to its rows' largest visible end */
+        const int64_t nj = EX_MIN(bk, at_max_end(ke + r, AT_MR) - j0), nvec = (nj + AT_W - 1) / AT_W;
+        if (nj <= 0) continue;
         float *ar = acc + r * dvp;
         at_scores(qrow + r, kph + j0 * D, D, bk, nvec, S, bk, g->scale);
         int any = 0;
-        for (int64_t i = 0; i < AT_MR; i++)
-          any |= at_softmax_row(g, S + i * bk, nj, nvec * AT_W, j0, b, hh[r + i], qi[r + i], m + r + i, l + r + i,
-                                ar + i * dvp, dvp);
+        for (int64_t i = 0; i < AT_MR; i++) {
+          const int64_t nji = EX_MAX(0, EX_MIN(nj, ke[r + i] - j0));
+          any |= at_softmax_row(g, S + i * bk, nji, nvec * AT_W, j0, b, hh[r + i], qi[r + i], m + r + i,
+                                l + r + i, ar + i * dvp, dvp);
+        }
         if (any) at_pv(S, bk, nj, vph + j0 * dvp, dvp, dvp / AT_W, ar, dvp);
       }
     }
@@ -381,71 +411,99 @@ static float at_dot(const float *a, const float *b, int64_t d) {
   return t;
 }
 
-/* O[r][e0:e0+16] += sum_j P[r][j] v_j[e0:e0+16] for 4 rows (o: row stride ldo) */
-static void at_pv4(const float (*P)[BK], int64_t nj, const float *v, int64_t vs, float *o, int64_t ldo,
-                   int64_t e0) {
-  av8 acc[4][2];
-  for (int r = 0; r < 4; r++) {
-    memcpy(&acc[r][0], o + r * ldo + e0, sizeof(av8));
-    memcpy(&acc[r][1], o + r * ldo + e0 + 8, sizeof(av8));
+/* one vector of the AT_W sums of v[0..AT_W-1] (v[i]'s lanes summed into lane i): a transpose-and-add
+ * tree, log2(AT_W) levels of shuffles instead of AT_W horizontal sums */
+#if defined(EX_AVX512)
+static inline __m512 at_hsum(const __m512 *v) {
+  __m512 a[8], c[4], e[2];
+  for (int i = 0; i < 8; i++) /* per 128-bit lane: [v0 v1 v0 v1] partial sums */
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; i++) { /* per 128-bit lane: [v0 v1 v2 v3] */
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-  for (int64_t j = 0; j < nj; j++) {
-    av8 v0, v1;
-    memcpy(&v0, v + j * vs + e0, sizeof v0);
-    memcpy(&v1, v + j * vs + e0 + 8, sizeof v1);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) {
-      const float pr = P[r][j];
-      acc[r][0] += pr * v0;
-      acc[r][1] += pr * v1;
+  for (int i = 0; i < 2; i++) /* lanes: [v0-3, v0-3, v4-7, v4-7] */
+    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#elif defined(EX_AVX2)
+static inline __m256 at_hsum(const __m256 *v) {
+  __m256 a[4], c[2];
+  for (int i = 0; i < 4; i++)
+    a[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; i++) {
+    const __m256d x = _mm256_castps_pd(a[2 * i]), y = _mm256_castps_pd(a[2 * i + 1]);
+    c[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)), _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20), _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+#endif
+
+/* s[0:nj] = scale * (q . k_j), k_j = k + j * ks */
+static void at_row_scores(const float *q, const float *k, int64_t ks, int64_t nj, int64_t d, float scale,
+                          float *s) {
+  int64_t j = 0;
+#if defined(EX_AVX512) || defined(EX_AVX2)
+  if (d % AT_W == 0) /* AT_W keys at a time: one vector of partial sums per key */
+    for (; j + AT_W <= nj; j += AT_W) {
+      avf v[AT_W];
+#pragma GCC unroll 16
+      for (int i = 0; i < AT_W; i++) {
+        const float *kj = k + (j + i) * ks;
+        avf t = av_load(q) * av_load(kj);
+        for (int64_t p = AT_W; p < d; p += AT_W) t = AV_FMA(av_load(q + p), av_load(kj + p), t);
+        v[i] = t;
+      }
+#if defined(EX_AVX512)
+      av_store(s + j, (avf)at_hsum((const __m512 *)v) * av_splat(scale));
+#else
+      av_store(s + j, (avf)at_hsum((const __m256 *)v) * av_splat(scale));
+#endif
     }
-  }
-  for (int r = 0; r < 4; r++) {
-    memcpy(o + r * ldo + e0, &acc[r][0], sizeof(av8));
-    memcpy(o + r * ldo + e0 + 8, &acc[r][1], sizeof(av8));
-  }
+#endif
+  for (; j < nj; j++) s[j] = at_dot(q, k + j * ks, d) * scale;
 }
 
 /* the few-rows path's work item (fewer than AT_PACK_ROWS rows per kv head, so one block):
- * dot products against K read in place */
+ * K and V read in place */
 static void at_task_small(void *vctx, int64_t t0, int64_t t1) {
   at_ctx *g = vctx;
-  const int64_t Dv = g->Dv, D = g->D, Dvp = (Dv + 15) / 16 * 16;
+  const int64_t Dv = g->Dv, D = g->D, Dvp = (Dv + AT_W - 1) / AT_W * AT_W, nfull = Dv / AT_W;
   float *mem = aligned_alloc(64, (size_t)(AT_PACK_ROWS * (Dvp + BK)) * sizeof(float));
   if (!mem) { g->err = EX_ENOMEM; return; }
   float *acc = mem, (*S)[BK] = (float (*)[BK])(mem + AT_PACK_ROWS * Dvp);
   for (int64_t t = t0; t < t1; t++) {
-    const int64_t hk = t % g->Hk, b = t / g->Hk, nr = g->rows;
+    const int64_t hk = t % g->Hk, b = t / g->Hk, nr = g->rows, nrp = (nr + AT_MR - 1) / AT_MR * AT_MR;
     const float *kh = g->k + b * g->ks[0] + hk * g->ks[1];
     const float *vh = g->v + b * g->vs[0] + hk * g->vs[1];
     const float *qrow[AT_PACK_ROWS];
-    int64_t qi[AT_PACK_ROWS], hh[AT_PACK_ROWS];
+    int64_t qi[AT_PACK_ROWS], hh[AT_PACK_ROWS], ke[AT_PACK_ROWS];
     float m[AT_PACK_ROWS], l[AT_PACK_ROWS];
-    at_rows(g, b, hk, 0, nr, nr, qrow, qi, hh);
+    at_rows(g, b, hk, 0, nr, nr, qrow, qi, hh, ke);
     for (int64_t r = 0; r < nr; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
     memset(acc, 0, (size_t)(AT_PACK_ROWS * Dvp) * sizeof(float));
-    const int64_t kend = g->causal ? EX_MIN(g->Lk, qi[nr - 1] + 1) : g->Lk;
+    memset(S, 0, (size_t)(nrp * BK) * sizeof(float)); /* padding rows stay zero */
+    const int64_t kend = at_max_end(ke, nr);
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
       const int64_t nj = EX_MIN(BK, kend - j0);
       int any = 0;
       for (int64_t r = 0; r < nr; r++) {
-        for (int64_t j = 0; j < nj; j++) S[r][j] = at_dot(qrow[r], kh + (j0 + j) * g->ks[2], D) * g->scale;
-        any |= at_softmax_row(g, S[r], nj, nj, j0, b, hh[r], qi[r], m + r, l + r, acc + r * Dvp, Dv);
+        const int64_t njr = EX_MAX(0, EX_MIN(nj, ke[r] - j0));
+        at_row_scores(qrow[r], kh + j0 * g->ks[2], g->ks[2], njr, D, g->scale, S[r]);
+        any |= at_softmax_row(g, S[r], njr, nj, j0, b, hh[r], qi[r], m + r, l + r, acc + r * Dvp, Dv);
       }
       if (!any) continue;
-      for (int64_t r = nr; r < ((nr + 3) & ~3); r++) memset(S[r], 0, sizeof S[r]);
-      for (int64_t r = 0; r < nr; r += 4)
-        for (int64_t e0 = 0; e0 < Dv; e0 += 16) {
-          if (e0 + 16 <= Dv) {
-            at_pv4((const float (*)[BK])(S + r), nj, vh + j0 * g->vs[2], g->vs[2], acc + r * Dvp, Dvp, e0);
-          } else { /* tail columns */
-            for (int64_t rr = r; rr < EX_MIN(r + 4, nr); rr++)
-              for (int64_t jj = 0; jj < nj; jj++) {
-                const float pr = S[rr][jj], *vj = vh + (j0 + jj) * g->vs[2];
-                for (int64_t e = e0; e < Dv; e++) acc[rr * Dvp + e] += pr * vj[e];
-              }
+      const float *vj = vh + j0 * g->vs[2];
+      for (int64_t r = 0; r < nr; r += AT_MR) {
+        if (nfull) at_pv(S[r], BK, nj, vj, g->vs[2], nfull, acc + r * Dvp, Dvp);
+        for (int64_t rr = r; rr < EX_MIN(r + AT_MR, nr); rr++) /* tail columns */
+          for (int64_t jj = 0; jj < nj; jj++) {
+            const float pr = S[rr][jj], *vr = vj + jj * g->vs[2];
+            for (int64_t e = nfull * AT_W; e < Dv; e++) acc[rr * Dvp + e] += pr * vr[e];
           }
-        }
+      }
     }
     for (int64_t r = 0; r < nr; r++) {
       float *yr = g->y + ((b * g->Hq + hh[r]) * g->Lq + qi[r]) * Dv;
@@ -466,7 +524,7 @@ static int attention(const float *q, const int64_t *q_strides, const float *k,
   if (!q || !k || !v || !y || !q_strides || !k_strides || !v_strides || (mask && !mask_strides))
     return EX_EINVAL;
   at_ctx g = {q, k, v, mask, {0}, {0}, {0}, {0}, y, b, hq, hk, lq, lk, d, dv, hq / hk, hq / hk * lq,
-              (hq / hk * lq + BQ - 1) / BQ, scale, causal, NULL, NULL, 0, 0, 0, 0};
+              (hq / hk * lq + BQ - 1) / BQ, scale, causal, NULL, NULL, 0, 0, 0, NULL, 0, 0, 0, 0};
   for (int i = 0; i < 3; i++) {
     g.qs[i] = q_strides[i];
     g.ks[i] = k_strides[i];
@@ -474,9 +532,22 @@ static int attention(const float *q, const int64_t *q_strides, const float *k,
   }
   if (mask)
     for (int i = 0; i < 4; i++) g.ms[i] = mask_strides[i];
+  /* visible ends, one per distinct mask row (per query only without a mask); keys past the
+   * largest are seen by no row */
+  const int64_t nb = mask && g.ms[0] ? b : 1, nh = mask && g.ms[1] ? hq : 1, nq = mask && !g.ms[2] && !causal ? 1 : lq;
+  g.end = malloc((size_t)(nb * nh * nq) * sizeof(int64_t));
+  if (!g.end) return EX_ENOMEM;
+  g.eb = nb > 1 ? nh * nq : 0;
+  g.eh = nh > 1 ? nq : 0;
+  g.eq = nq > 1;
+  int64_t lke = 0;
+  for (int64_t i = 0; i < nb * nh * nq; i++)
+    lke = EX_MAX(lke, g.end[i] = at_row_end(&g, i / (nh * nq), i / nq % nh, i % nq));
+  g.Lk = lk = lke;
   const int64_t per = EX_MIN(g.rows, BQ) * (lk + 1) * (d + dv);
   if (g.rows < AT_PACK_ROWS || lk == 0) {
     ex_parallel_for(b * hk, EX_MAX(1, 65536 / EX_MAX(per, 1)), at_task_small, &g);
+    free(g.end);
     return g.err;
   }
   /* equal key blocks of at most BKMAX, each a whole number of vectors (77 keys: one block of 80) */
@@ -486,10 +557,14 @@ static int attention(const float *q, const int64_t *q_strides, const float *k,
   g.dvp = (dv + AT_W - 1) / AT_W * AT_W;
   const int64_t blocks = b * hk * g.nkb;
   g.kp = aligned_alloc(64, (size_t)(blocks * g.bk * (d + g.dvp)) * sizeof(float));
-  if (!g.kp) return EX_ENOMEM;
+  if (!g.kp) {
+    free(g.end);
+    return EX_ENOMEM;
+  }
   g.vp = g.kp + blocks * g.bk * d;
   ex_parallel_for(blocks, EX_MAX(1, 16384 / (g.bk * (d + g.dvp))), at_pack, &g);
   ex_parallel_for(b * hk * g.nqb, EX_MAX(1, 65536 / EX_MAX(per, 1)), at_task_packed, &g);
   free(g.kp);
+  free(g.end);
   return g.err;
 }

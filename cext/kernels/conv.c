@@ -13,8 +13,9 @@
  *              (ex_winograd_weights), optionally pre-packed as GEMM A (ex_conv_pack_weights);
  *              tiles in blocks of up to WT (input transform vectorized across 8 tiles, written
  *              straight in packed-B form), 36 GEMMs per block, output transform + epilogue.
- *              Blocks run on the pool (each block single-threaded), or one block uses the pool
- *              in its GEMMs. */
+ *              Blocks run on the pool (each block single-threaded) when there are at least two
+ *              per thread; otherwise each block is shared by the pool in three phases (input
+ *              transform by channel, the 36 GEMMs in halves, output transform by channel). */
 #include "common.h"
 
 typedef float cv8 __attribute__((vector_size(32)));
@@ -149,6 +150,33 @@ static int conv_tr(const ex_conv_params *p) {
   return N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05;
 }
 
+/* y[o, j] = act(T[j, o] + bias[o] (+ res[o, j])) for 16-channel blocks [q0, q1) of the
+ * transposed form's result */
+typedef struct {
+  const ex_conv_params *p;
+  const float *tr, *bias, *res;
+  float *y;
+  int64_t N, ocg;
+} ctr_ctx;
+
+static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
+  const ctr_ctx *c = vctx;
+  const int64_t N = c->N, ocg = c->ocg;
+  for (int64_t q = q0 * 16; q < EX_MIN(ocg, q1 * 16); q += 16) {
+    const int64_t no = EX_MIN(16, ocg - q);
+    for (int64_t j = 0; j < N; j++)
+      for (int64_t o = 0; o < no; o++) c->y[(q + o) * N + j] = c->tr[j * ocg + q + o];
+    for (int64_t o = q; o < q + no; o++) {
+      float *yr = c->y + o * N;
+      const float bv = c->bias ? c->bias[o] : 0.0f;
+      for (int64_t j = 0; j < N; j++) yr[j] += bv;
+      if (c->res)
+        for (int64_t j = 0; j < N; j++) yr[j] += c->res[o * N + j];
+      act_row(c->p->act, yr, N);
+    }
+  }
+}
+
 #define I2C_PK 131072
 static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                      const float *res, float *y) {
@@ -197,19 +225,8 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
                             1, K, tr, ocg, N, ocg, K, &EPI_NONE);
           else
             err = sgemm_ep(B, 1, N, w + g * ocg * K, EX_F32, 1, K, tr, ocg, N, ocg, K, &EPI_NONE);
-          for (int64_t q0 = 0; q0 < ocg && !err; q0 += 16) {
-            const int64_t no = EX_MIN(16, ocg - q0);
-            for (int64_t j = 0; j < N; j++)
-              for (int64_t o = 0; o < no; o++) y[yo + (q0 + o) * N + j] = tr[j * ocg + q0 + o];
-            for (int64_t o = q0; o < q0 + no; o++) {
-              float *yr = y + yo + o * N;
-              const float bv = bias ? bias[g * ocg + o] : 0.0f;
-              for (int64_t j = 0; j < N; j++) yr[j] += bv;
-              if (res)
-                for (int64_t j = 0; j < N; j++) yr[j] += res[yo + o * N + j];
-              act_row(p->act, yr, N);
-            }
-          }
+          ctr_ctx tc = {p, tr, bias ? bias + g * ocg : NULL, res ? res + yo : NULL, y + yo, N, ocg};
+          if (!err) ex_parallel_for((ocg + 15) / 16, EX_MAX(1, 4096 / N), ctr_task, &tc);
           continue;
         }
         const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo + o0 : NULL, N, p->act};
@@ -483,16 +500,16 @@ static inline int64_t wg_voff(int64_t C, int64_t np, int64_t c, int64_t j) {
   return pc * np + j / NR * kc * NR + (c - pc) * NR + j % NR;
 }
 
-static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
+/* input transform of the block's tiles from t0, channels [c0, c1): V[36] packed [C][np] */
+static void wg_in(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c1) {
   const ex_conv_params *p = g->p;
-  const int64_t C = p->c, O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp;
-  const int64_t HW = p->h * p->w, OHW = p->oh * p->ow, np = ROUND_UP(nt, NR), nt8 = ROUND_UP(nt, 8);
+  const int64_t C = p->c, nt = EX_MIN(g->tb, g->total - t0);
+  const int64_t HW = p->h * p->w, np = ROUND_UP(nt, NR), nt8 = ROUND_UP(nt, 8);
   /* the packed panels' columns past the last 8-tile group: zero */
   if (nt8 < np)
     for (int x = 0; x < 36; x++)
-      for (int64_t c = 0; c < C; c++)
+      for (int64_t c = c0; c < c1; c++)
         memset(V + x * g->vx + wg_voff(C, np, c, nt8), 0, (size_t)(np - nt8) * sizeof(float));
-  /* input transform: V[36] packed [C][np] */
   for (int64_t j = 0; j < nt; j += 8) {
     int64_t ib[8], iy0[8], ix0[8];
     int inside[8];
@@ -507,7 +524,7 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
 #ifdef EX_AVX2
     const int row8 = g->xp && j + 8 <= nt && ib[0] == ib[7] && iy0[0] == iy0[7] && ix0[7] == ix0[0] + 28;
 #endif
-    for (int64_t c = 0; c < C; c++) {
+    for (int64_t c = c0; c < c1; c++) {
       cv8 d[6][6], t[6][6];
 #ifdef EX_AVX2
       if (row8) {
@@ -563,12 +580,36 @@ static void wg_block(const wg_ctx *g, int64_t t0, float *V, float *M) {
       }
     }
   }
-  /* 36 GEMMs: M[x][O][S] = U[x][O][C] @ V[x][C][S] */
-  for (int x = 0; x < 36; x++)
-    sgemm_run(g->u + x * O * C, g->upk ? g->upk + x * packed_a_floats(O, C) + PACK_HDR : NULL, C, 1,
-              NULL, V + x * g->vx, EX_F32, 0, 0, M + x * O * S, S, O, nt, C, &EPI_NONE);
-  /* output transform + epilogue: each output channel's 36 rows of M read front to back */
-  for (int64_t o = 0; o < O; o++) {
+}
+
+/* GEMM units [u0, u1): unit u is rows [O * r / mo, O * (r + 1) / mo) (in whole MR panels) of
+ * GEMM x = u / mo, r = u % mo, of the 36: M[x][O][S] = U[x][O][C] @ V[x][C][S] */
+static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64_t u0, int64_t u1,
+                    int64_t mo) {
+  const int64_t C = g->p->c, O = g->p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp;
+  const int64_t mb = (O + MR - 1) / MR;
+  int err = EX_OK;
+  for (int64_t u = u0; u < u1 && !err; u++) {
+    const int64_t x = u / mo, r = u % mo;
+    const float *upk = g->upk ? g->upk + x * packed_a_floats(O, C) + PACK_HDR : NULL;
+    if (mo == 1) {
+      err = sgemm_run(g->u + x * O * C, upk, C, 1, NULL, V + x * g->vx, EX_F32, 0, 0, M + x * O * S, S,
+                      O, nt, C, &EPI_NONE);
+      continue;
+    }
+    sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * O * S, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
+                 upk, V + x * g->vx, 1, 1, MR, NULL, 0, 0, 0, 0};
+    err = sgemm_range(&sg, EX_MIN(O, mb * r / mo * MR), EX_MIN(O, mb * (r + 1) / mo * MR), 0, nt);
+  }
+  return err;
+}
+
+/* output transform + epilogue, output channels [o0, o1): each channel's 36 rows of M read front
+ * to back */
+static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int64_t o1) {
+  const ex_conv_params *p = g->p;
+  const int64_t O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
+  for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
       for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + (x * O + o) * S + j, sizeof(cv8));
@@ -650,8 +691,34 @@ static void wg_task(void *vctx, int64_t b0, int64_t b1) {
   const ex_conv_params *p = g->p;
   float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + p->oc * g->tbp)));
   if (!V) { g->err = EX_ENOMEM; return; }
-  for (int64_t b = b0; b < b1; b++) wg_block(g, b * g->tb, V, V + 36 * g->vx);
+  for (int64_t b = b0; b < b1; b++) {
+    wg_in(g, b * g->tb, V, 0, p->c);
+    const int err = wg_gemms(g, b * g->tb, V, V + 36 * g->vx, 0, 36, 1);
+    if (err) g->err = err;
+    wg_out(g, b * g->tb, V + 36 * g->vx, 0, p->oc);
+  }
   sc_give(SC_WG_V, V);
+}
+
+/* one block shared by the pool in three phases: channels, the 36 GEMMs, output channels */
+typedef struct {
+  wg_ctx *g;
+  int64_t t0, mo;
+  float *V, *M;
+} wgp_ctx;
+
+static void wgp_in(void *vctx, int64_t c0, int64_t c1) {
+  const wgp_ctx *c = vctx;
+  wg_in(c->g, c->t0, c->V, c0, c1);
+}
+static void wgp_gemm(void *vctx, int64_t x0, int64_t x1) {
+  const wgp_ctx *c = vctx;
+  const int err = wg_gemms(c->g, c->t0, c->V, c->M, x0, x1, c->mo);
+  if (err) c->g->err = err;
+}
+static void wgp_out(void *vctx, int64_t o0, int64_t o1) {
+  const wgp_ctx *c = vctx;
+  wg_out(c->g, c->t0, c->M, o0, o1);
 }
 
 static int conv_winograd(const ex_conv_params *p, const float *x, const float *u,
@@ -663,10 +730,13 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
               packed_a_for(p->wpack, p->oc, p->c) ? p->wpack : NULL, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
-  int64_t tb = WT; /* each of the 36 GEMMs streams its slice of V and M once: favour wide N */
+  /* each of the 36 GEMMs streams its slice of V and M once: favour wide N (up to WT tiles).
+   * With fewer blocks than two per thread, blocks run one after another, each shared by the
+   * pool in three phases; otherwise each block runs on one thread. */
   const int nt = ex_pool_width();
-  if (g.total < tb * nt) tb = EX_MAX(8, ROUND_UP((g.total + nt - 1) / nt, 8));
-  g.tb = EX_MIN(tb, ROUND_UP(g.total, 8));
+  const int64_t nb0 = (g.total + WT - 1) / WT;
+  const int phased = nt > 1 && nb0 < 2 * nt;
+  g.tb = EX_MIN(WT, ROUND_UP((g.total + nb0 - 1) / nb0, 8));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
   g.vx = p->c * ROUND_UP(g.tb, NR);
   const int64_t nblk = (g.total + g.tb - 1) / g.tb;
@@ -687,7 +757,21 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
     }
   }
 #endif
-  ex_parallel_for(nblk, 1, wg_task, &g);
+  if (phased) {
+    float *V = sc_take(SC_WG_V, (size_t)(36 * (g.vx + p->oc * g.tbp)));
+    if (!V) g.err = EX_ENOMEM;
+    /* GEMM units: each GEMM's rows in two halves when there are enough, for finer balance */
+    const int64_t mo = p->oc >= 4 * MR ? 2 : 1;
+    for (int64_t b = 0; b < nblk && !g.err; b++) {
+      wgp_ctx c = {&g, b * g.tb, mo, V, V + 36 * g.vx};
+      ex_parallel_for(p->c, EX_MAX(1, 2048 / g.tb), wgp_in, &c);
+      ex_parallel_for(36 * mo, 1, wgp_gemm, &c);
+      ex_parallel_for(p->oc, EX_MAX(1, 2048 / g.tb), wgp_out, &c);
+    }
+    sc_give(SC_WG_V, V);
+  } else {
+    ex_parallel_for(nblk, 1, wg_task, &g);
+  }
   sc_give(SC_WG_X, xp);
   return g.err;
 }

@@ -109,7 +109,8 @@ static void exec(const ex_instr *in, void *d, const void *a, const void *b, cons
   /* 0.5 x (1 + tanh u) = x sigmoid(2u): no cancellation where tanh u is near -1, and vectorized;
    * large negative x gives -0 and -inf NaN, as before */
   case EX_OP_F_GELU_TANH: F1(x / (1.0f + expf_vec(-2.0f * SQRT_2_PI * (x + 0.044715f * x * x * x))));
-  case EX_OP_F_SILU: F1(x * sigmoidf_(x));
+  /* x / (1 + e^-x): vectorized; -inf gives NaN and large negative x -0, as x * sigmoid(x) does */
+  case EX_OP_F_SILU: F1(x / (1.0f + expf_vec(-x)));
   case EX_OP_F_ERF: F1(erff(x));
   case EX_OP_F_RSQRT: F1(1.0f / sqrtf(x));
   case EX_OP_F_RECIP: F1(1.0f / x);

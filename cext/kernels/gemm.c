@@ -1,8 +1,9 @@
 /* ex_matmul and ex_linear.  Reference: the int64 triple loop (matmul_i64) and gemv's strided dot.
  * Optimized f32 path (Goto/BLIS scheme): B is packed into KC x NR panels, A into MR x KC
  * panels, and an MR x NR register-blocked micro-kernel runs over them with KC/MC/NC cache
- * blocking; 2+ threads take disjoint column (or row) ranges (with row ranges they pack each
- * block of B together and share it); constant weights may come pre-packed as A or B.  The AVX2 micro-kernel keeps a
+ * blocking; 2+ threads claim disjoint column (or row) ranges, about 4 per thread, from the pool
+ * (with row ranges they pack each block of B together and share it); constant weights may come
+ * pre-packed as A or B.  The AVX2 micro-kernel keeps a
  * 6x16 tile in 12 ymm accumulators with FMA, the AVX-512 one a 14x32 tile in 28 zmm; the
  * portable one uses GNU vector extensions.  B may be f16/bf16 (widened while packing, F16C).
  * An epilogue (bias per row or column, residual add, activation) is applied to each tile right
@@ -248,6 +249,7 @@ typedef struct {
   const float *bpk; /* NULL, or all of B pre-packed (gemm_pack_b) */
   int64_t parts; /* ranges the work was split into */
   int split_n;   /* ranges are of columns (else of rows) */
+  int64_t rg;    /* row ranges are whole multiples of rg rows (MR, or MC: no partial MC blocks) */
   const float *bsh; /* NULL, or one packed (sh_jc, sh_pc) block of B shared by the threads */
   int64_t sh_jc, sh_nc, sh_pc;
   _Atomic int err;
@@ -322,9 +324,9 @@ static void sgemm_task(void *vctx, int64_t b, int64_t e) {
       err = sgemm_range(g, 0, g->m, EX_MIN(g->n, nb * t / g->parts * NR),
                         EX_MIN(g->n, nb * (t + 1) / g->parts * NR));
     } else {
-      const int64_t mb = (g->m + MR - 1) / MR;
-      err = sgemm_range(g, EX_MIN(g->m, mb * t / g->parts * MR),
-                        EX_MIN(g->m, mb * (t + 1) / g->parts * MR), 0, g->n);
+      const int64_t mb = (g->m + g->rg - 1) / g->rg;
+      err = sgemm_range(g, EX_MIN(g->m, mb * t / g->parts * g->rg),
+                        EX_MIN(g->m, mb * (t + 1) / g->parts * g->rg), 0, g->n);
     }
     if (err) g->err = err;
   }
@@ -568,12 +570,19 @@ static int sgemm_ep(const float *a, int64_t ars, int64_t acs, const void *b, int
 static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
                      const float *bpk, int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc,
                      int64_t m, int64_t n, int64_t k, const epi_t *ep) {
-  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, bpk, 1, 1, NULL, 0, 0, 0, 0};
+  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, bpk, 1, 1, MR, NULL, 0, 0, 0, 0};
   const int nt = ex_pool_width();
-  if (nt > 1 && (double)m * n * k >= 262144.0) {
+  const double work = (double)m * n * k;
+  if (nt > 1 && work >= 1048576.0) {
     const int64_t nb = (n + NR - 1) / NR, mb = (m + MR - 1) / MR;
     g.split_n = nb >= mb;
-    g.parts = EX_MIN(nt, g.split_n ? nb : mb);
+    /* about 4 ranges per thread, claimed dynamically, so a late or preempted thread does not
+     * hold up the rest; each range at least ~1M multiply-adds, and a column range packs all of A
+     * itself unless A is pre-packed, so those stay at least 8 panels wide */
+    if (!g.split_n && m >= 2 * nt * MC) g.rg = MC;
+    const int64_t rb = (m + g.rg - 1) / g.rg, units = g.split_n ? nb / (apk ? 1 : 8) : rb;
+    g.parts = EX_MIN(EX_MIN(4 * (int64_t)nt, (int64_t)(work / 1048576.0)), units);
+    g.parts = EX_MIN(EX_MAX(g.parts, nt), g.split_n ? nb : rb);
     if (!g.split_n && !bpk && nb >= 4) {
       /* rows split: the threads pack each block of B together and share it, rather than each
        * packing (and streaming) all of B */
