@@ -421,6 +421,29 @@ def tokenizer_from_gguf(g: GGUFFile):
     return tok
 
 
+def compact_tokenizer_from_gguf(g: GGUFFile):
+    """The tokenizer for running the model: for SentencePiece vocabularies our own encoder (same
+    ids as `tokenizer_from_gguf`, a fraction of its memory: no merges list, no Rust vocabulary
+    copies); other vocabularies the `tokenizers` object."""
+    if g.get("tokenizer.ggml.model") != "llama":
+        return tokenizer_from_gguf(g)
+    from .tokenizer import SentencePieceBPE
+    tokens = list(g.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ModelError(f"{g.path}: no embedded tokenizer (tokenizer.ggml.tokens)")
+    types = list(g.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    scores = list(g.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    if len(types) != len(tokens) or len(scores) != len(tokens):
+        raise ModelError(f"{g.path}: tokenizer.ggml.tokens/scores/token_type differ in length")
+    if any(not 0 <= t < 256 for t in types):
+        raise ModelError(f"{g.path}: tokenizer.ggml.token_type holds an unknown type")
+    bos = g.get("tokenizer.ggml.bos_token_id") if g.get("tokenizer.ggml.add_bos_token", False) else None
+    if bos is not None and not 0 <= bos < len(tokens):
+        raise ModelError(f"{g.path}: tokenizer.ggml.bos_token_id {bos} is out of range")
+    return SentencePieceBPE([t.replace(" ", "\u2581") for t in tokens], scores, types, bos,
+                            bool(g.get("tokenizer.ggml.add_space_prefix", False)))
+
+
 def _spm_merges(tokens, scores, types, vocab):
     """BPE merges for a SentencePiece vocabulary: every split of a normal piece into two pieces
     of the vocabulary is a merge, ranked by the piece's score (higher merges first), as the
@@ -520,7 +543,7 @@ def load_model(path):
     tokens = g.get("tokenizer.ggml.tokens") or []
     bos, eos = g.get("tokenizer.ggml.bos_token_id"), g.get("tokenizer.ggml.eos_token_id")
     tconf = {"bos_token": tokens[bos] if bos is not None else None, "eos_token": tokens[eos] if eos is not None else None}
-    tok = Tokenizer.from_tokenizer(tokenizer_from_gguf(g), tconf, g.get("tokenizer.chat_template"))
+    tok = Tokenizer.from_tokenizer(compact_tokenizer_from_gguf(g), tconf, g.get("tokenizer.chat_template"))
     eos_ids = [eos] if eos is not None else []
     end_turn = tok.token_to_id("<end_of_turn>")  # Gemma's chat turns end here
     if end_turn is not None:

@@ -3,8 +3,11 @@ with jinja2 as transformers renders it, and an incremental detokenizer that only
 its UTF-8 is complete."""
 from __future__ import annotations
 
+import heapq
 import json
 import os
+import re
+from array import array
 from datetime import datetime
 
 from express import ModelError
@@ -123,3 +126,129 @@ class StreamDetokenizer:
         new = text[len(self.emitted):]
         self.emitted = text
         return new
+
+
+class _Encoding:
+    __slots__ = ("ids",)
+
+    def __init__(self, ids):
+        self.ids = ids
+
+
+class SentencePieceBPE:
+    """A SentencePiece (GGUF "llama") vocabulary encoder with the interface of the `tokenizers`
+    object that `tokenizer_from_gguf` builds, and the same ids: added tokens (control pieces,
+    user-defined pieces without "▁") are split off first, leftmost-longest; spaces become "▁";
+    then adjacent pieces merge while their concatenation is a normal or user-defined piece, best
+    first by (user-defined, score, piece id, left id, right id), as the merge ranks of
+    `_spm_merges`; characters outside the vocabulary fall back to <0xXX> byte pieces. It keeps
+    the pieces once (a list and a dict) instead of a Rust vocabulary, reverse map and ~500k merges."""
+
+    def __init__(self, tokens, scores, types, bos_id=None, add_space_prefix=False):
+        self.pieces = tokens
+        self.vocab = {t: i for i, t in enumerate(tokens)}
+        self.scores = array("d", scores)
+        self.types = bytes(types)
+        self.bos_id, self.add_space_prefix = bos_id, add_space_prefix
+        self.bytes_id = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
+        added = sorted((t for t, ty in zip(tokens, types) if ty == 3 or (ty == 4 and "\u2581" not in t)),
+                       key=len, reverse=True)
+        self._added = re.compile("|".join(re.escape(t) for t in added)) if added else None
+
+    def get_vocab_size(self) -> int:
+        return len(self.pieces)
+
+    def token_to_id(self, token):
+        return self.vocab.get(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> _Encoding:
+        ids = [self.bos_id] if add_special_tokens and self.bos_id is not None else []
+        pos = 0
+        for m in self._added.finditer(text) if self._added else ():
+            if m.start() > pos:
+                self._bpe(text[pos:m.start()], ids)
+            ids.append(self.vocab[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            self._bpe(text[pos:], ids)
+        return _Encoding(ids)
+
+    def _rank(self, a, b):
+        """Merge rank of adjacent pieces a, b (smaller first), None where they do not merge."""
+        p = self.vocab.get(self.pieces[a] + self.pieces[b])
+        if p is None or self.types[p] not in (1, 4):
+            return None
+        return (self.types[p] != 4, -self.scores[p], p, a, b)
+
+    def _bpe(self, text, out):
+        text = text.replace(" ", "\u2581")
+        if self.add_space_prefix:
+            text = "\u2581" + text
+        sym = []  # initial symbols: characters, or byte pieces (which never merge) for unknown ones
+        for ch in text:
+            i = self.vocab.get(ch)
+            if i is not None:
+                sym.append(i)
+            else:
+                sym.extend(-1 - self.bytes_id[b] if self.bytes_id[b] is not None else -1 - self.vocab.get("<unk>", 0)
+                           for b in ch.encode("utf-8"))
+        n = len(sym)
+        nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
+        heap = []
+        for k in range(n - 1):
+            if sym[k] >= 0 and sym[k + 1] >= 0:
+                r = self._rank(sym[k], sym[k + 1])
+                if r is not None:
+                    heap.append((r, k, sym[k], sym[k + 1]))
+        heapq.heapify(heap)
+        while heap:
+            r, k, a, b = heapq.heappop(heap)
+            j = nxt[k] if k < n else n
+            if sym[k] != a or j >= n or sym[j] != b:
+                continue  # stale: one side merged already
+            sym[k] = self.vocab[self.pieces[a] + self.pieces[b]]
+            sym[j] = None
+            nxt[k] = nxt[j]
+            if nxt[k] < n:
+                prv[nxt[k]] = k
+            p, q = prv[k], nxt[k]
+            if p >= 0 and sym[p] is not None and sym[p] >= 0:
+                r2 = self._rank(sym[p], sym[k])
+                if r2 is not None:
+                    heapq.heappush(heap, (r2, p, sym[p], sym[k]))
+            if q < n and sym[q] >= 0:
+                r2 = self._rank(sym[k], sym[q])
+                if r2 is not None:
+                    heapq.heappush(heap, (r2, k, sym[k], sym[q]))
+        out.extend(s if s >= 0 else -1 - s for s in sym if s is not None)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        parts, raw = [], bytearray()
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self.pieces):
+                raise ModelError(f"token id {i} is out of range (vocabulary of {len(self.pieces)})")
+            ty = self.types[i]
+            if ty == 6:
+                raw.append(int(self.pieces[i][3:5], 16))
+                continue
+            if raw:
+                parts.append(_bytes_text(raw))
+                raw = bytearray()
+            if ty == 3 and skip_special_tokens:
+                continue
+            parts.append(self.pieces[i].replace("\u2581", " "))
+        if raw:
+            parts.append(_bytes_text(raw))
+        text = "".join(parts)
+        if self.add_space_prefix and text.startswith(" "):
+            text = text[1:]
+        return text
+
+
+def _bytes_text(raw):
+    # as tokenizers' ByteFallback: a run of byte pieces is its UTF-8 text, or one U+FFFD per byte
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * len(raw)
