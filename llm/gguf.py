@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from express import ModelError
+from .tokenizer import SentencePieceBPE, is_added_piece
 
 QK_K = 256
 
@@ -383,12 +384,7 @@ def tokenizer_from_gguf(g: GGUFFile):
     their merges."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
     kind = g.get("tokenizer.ggml.model")
-    tokens = list(g.get("tokenizer.ggml.tokens") or [])
-    if not tokens:
-        raise ModelError(f"{g.path}: no embedded tokenizer (tokenizer.ggml.tokens)")
-    types = list(g.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    if kind == "llama":  # SentencePiece writes spaces as U+2581; a few user pieces keep real ones
-        tokens = [t.replace(" ", "\u2581") for t in tokens]
+    tokens, types = _gguf_vocab(g)
     vocab = {t: i for i, t in enumerate(tokens)}
     if kind == "llama":
         scores = list(g.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
@@ -410,10 +406,9 @@ def tokenizer_from_gguf(g: GGUFFile):
     else:
         raise ModelError(f"{g.path}: tokenizer model {kind!r} is not supported (llama, gpt2)")
     from tokenizers import AddedToken, processors
-    # control tokens (type 3) are special; user-defined ones (type 4: runs of newlines, tabs) match
-    # as text, except runs of spaces, which the BPE model builds from "▁" pieces
+    # control tokens (type 3) are special; user-defined ones match as text
     tok.add_tokens([AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types)
-                    if ty == 3 or (ty == 4 and "\u2581" not in t)])
+                    if is_added_piece(t, ty)])
     bos = g.get("tokenizer.ggml.bos_token_id")
     if g.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
         tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
@@ -427,11 +422,7 @@ def compact_tokenizer_from_gguf(g: GGUFFile):
     copies); other vocabularies the `tokenizers` object."""
     if g.get("tokenizer.ggml.model") != "llama":
         return tokenizer_from_gguf(g)
-    from .tokenizer import SentencePieceBPE
-    tokens = list(g.get("tokenizer.ggml.tokens") or [])
-    if not tokens:
-        raise ModelError(f"{g.path}: no embedded tokenizer (tokenizer.ggml.tokens)")
-    types = list(g.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    tokens, types = _gguf_vocab(g)
     scores = list(g.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
     if len(types) != len(tokens) or len(scores) != len(tokens):
         raise ModelError(f"{g.path}: tokenizer.ggml.tokens/scores/token_type differ in length")
@@ -440,8 +431,19 @@ def compact_tokenizer_from_gguf(g: GGUFFile):
     bos = g.get("tokenizer.ggml.bos_token_id") if g.get("tokenizer.ggml.add_bos_token", False) else None
     if bos is not None and not 0 <= bos < len(tokens):
         raise ModelError(f"{g.path}: tokenizer.ggml.bos_token_id {bos} is out of range")
-    return SentencePieceBPE([t.replace(" ", "\u2581") for t in tokens], scores, types, bos,
-                            bool(g.get("tokenizer.ggml.add_space_prefix", False)))
+    return SentencePieceBPE(tokens, scores, types, bos, bool(g.get("tokenizer.ggml.add_space_prefix", False)))
+
+
+def _gguf_vocab(g: GGUFFile):
+    """The embedded vocabulary's pieces and token types; SentencePiece ("llama") pieces with
+    spaces as U+2581, as SentencePiece writes them (a few user pieces keep real spaces)."""
+    tokens = list(g.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ModelError(f"{g.path}: no embedded tokenizer (tokenizer.ggml.tokens)")
+    types = list(g.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if g.get("tokenizer.ggml.model") == "llama":
+        tokens = [t.replace(" ", "\u2581") for t in tokens]
+    return tokens, types
 
 
 def _spm_merges(tokens, scores, types, vocab):

@@ -135,6 +135,13 @@ class _Encoding:
         self.ids = ids
 
 
+def is_added_piece(piece: str, ty: int) -> bool:
+    """Whether a GGUF vocabulary piece is matched whole in the text before BPE: control pieces
+    (type 3) and user-defined ones (type 4: runs of newlines, tabs), except runs of spaces, which
+    BPE builds from "\u2581" pieces."""
+    return ty == 3 or (ty == 4 and "\u2581" not in piece)
+
+
 class SentencePieceBPE:
     """A SentencePiece (GGUF "llama") vocabulary encoder with the interface of the `tokenizers`
     object that `tokenizer_from_gguf` builds, and the same ids: added tokens (control pieces,
@@ -151,8 +158,7 @@ class SentencePieceBPE:
         self.types = bytes(types)
         self.bos_id, self.add_space_prefix = bos_id, add_space_prefix
         self.bytes_id = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
-        added = sorted((t for t, ty in zip(tokens, types) if ty == 3 or (ty == 4 and "\u2581" not in t)),
-                       key=len, reverse=True)
+        added = sorted((t for t, ty in zip(tokens, types) if is_added_piece(t, ty)), key=len, reverse=True)
         self._added = re.compile("|".join(re.escape(t) for t in added)) if added else None
 
     def get_vocab_size(self) -> int:
@@ -203,7 +209,7 @@ class SentencePieceBPE:
         heapq.heapify(heap)
         while heap:
             r, k, a, b = heapq.heappop(heap)
-            j = nxt[k] if k < n else n
+            j = nxt[k]
             if sym[k] != a or j >= n or sym[j] != b:
                 continue  # stale: one side merged already
             sym[k] = self.vocab[self.pieces[a] + self.pieces[b]]

@@ -65,3 +65,35 @@ def test_matches_llama_cpp(toks):
     for s in TEXTS:
         want = m.tokenize(s.encode("utf-8"), add_bos=True, special=True)
         assert ours.encode(s).ids == want, s
+
+
+class _Meta:
+    """GGUF metadata alone, for the tokenizer's checks of it"""
+    path = "bad.gguf"
+
+    def __init__(self, **kv):
+        self.kv = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "a", "b", "ab"],
+                   "tokenizer.ggml.token_type": [2, 3, 1, 1, 1], "tokenizer.ggml.scores": [0.0] * 5,
+                   "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.add_bos_token": True}
+        self.kv.update(kv)
+
+    def get(self, key, default=None):
+        return self.kv.get(key, default)
+
+
+@pytest.mark.parametrize("kv, message", [
+    ({"tokenizer.ggml.tokens": []}, "no embedded tokenizer"),
+    ({"tokenizer.ggml.scores": [0.0] * 4}, "differ in length"),
+    ({"tokenizer.ggml.token_type": [2, 3, 1, 1, 300]}, "unknown type"),
+    ({"tokenizer.ggml.bos_token_id": 9}, "bos_token_id 9 is out of range"),
+])
+def test_bad_vocabulary_metadata(kv, message):
+    from express import ModelError
+    with pytest.raises(ModelError, match=f"bad.gguf: .*{message}"):
+        compact_tokenizer_from_gguf(_Meta(**kv))
+
+
+def test_small_vocabulary_merges_by_score():
+    tok = compact_tokenizer_from_gguf(_Meta())
+    assert tok.encode("abba").ids == [1, 4, 3, 2]
+    assert tok.decode([1, 4, 3, 2]) == "abba"
