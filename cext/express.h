@@ -227,3 +227,8 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 int64_t ex_ggml_row_bytes(int32_t type, int64_t k);   /* bytes of one row, or EX_EINVAL */
 int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, const void *w,
                  const float *bias, float *y);
+
+/* ---- read bandwidth probe: the sum of p[0 .. n) as a double (0 for n <= 0) ----
+ * Read on the pool as several prefetched streams a thread (cext/kernels/qgemm.c), the way the
+ * quantized GEMV streams weights: bytes / time is the read bandwidth a decode step can reach. */
+double ex_read_sum(const float *p, int64_t n);
