@@ -229,6 +229,6 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
                  const float *bias, float *y);
 
 /* ---- read bandwidth probe: the sum of p[0 .. n) as a double (0 for n <= 0) ----
- * Read on the pool as several prefetched streams a thread (cext/kernels/qgemm.c), the way the
- * quantized GEMV streams weights: bytes / time is the read bandwidth a decode step can reach. */
+ * Read on the pool as several prefetched streams a thread (cext/kernels/qgemm.c) with little
+ * work per byte: bytes / time is the read bandwidth that bounds a decode step (benchmarks/llm.py). */
 double ex_read_sum(const float *p, int64_t n);

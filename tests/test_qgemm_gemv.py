@@ -15,8 +15,8 @@ def rounded_x(x):
     return (np.rint(b / np.where(s > 0, s, 1)) * s).reshape(x.shape)
 
 
-# n: a single row, partial and full 8-row groups, and group counts that leave every tail of the
-# side-by-side sets (8 groups for AVX-512, 4 for AVX2); k: one block, odd block counts, the model's
+# n: a single row, partial and full 8-row groups, and group counts that split into unequal chunks
+# on two threads; k: one block, odd block counts, the model's hidden size, group sizes above 32
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n", [1, 7, 17, 65, 129, 200, 248])
 @pytest.mark.parametrize("k, group", [(32, 32), (96, 32), (224, 32), (256, 64), (896, 32), (1152, 128)])
@@ -32,8 +32,9 @@ def test_gemv_matches_dequantized_reference(isa, threads, bits, n, k, group):
     y = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=group, out_features=n).numpy()
     ref = rounded_x(x) @ wd.T + b
     np.testing.assert_allclose(y, ref, atol=2e-4 * np.abs(ref).max(), rtol=1e-5)
-    exact = x @ wd.T + b  # and within the int8 rounding of x of the float product
-    assert np.abs(y - exact).max() <= 2e-2 * np.abs(exact).max()
+    # and the float product to within what rounding x can change: half a step of x's block scale
+    step = np.repeat(np.abs(x).reshape(-1, 32).max(-1) / 127, 32)
+    assert np.all(np.abs(y - (x @ wd.T + b)) <= (0.5 * step) @ np.abs(wd).T * 1.001 + 1e-5)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -41,8 +41,6 @@
 
 #define QG_MR 4
 #define QG_MR512 8
-#define QG_GV512 8 /* row groups side by side in the m = 1 GEMV (AVX-512 VNNI) */
-#define QG_GV2 4   /* and in the AVX2 one */
 /* software prefetch distance (bytes) for streaming weights at m = 1: a hardware prefetcher alone
  * leaves a single core well short of the DRAM bandwidth */
 #define QG_PF 8192
@@ -199,75 +197,6 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr
   store_rows(c, acc, R, i0, mr);
 }
 
-#define QG_SET_CASES(FN, BITS, G)          \
-  switch (G) {                             \
-    case 1: FN(c, R, BITS, 1); break;      \
-    case 2: FN(c, R, BITS, 2); break;      \
-    case 3: FN(c, R, BITS, 3); break;      \
-    case 4: FN(c, R, BITS, 4); break;      \
-    case 5: FN(c, R, BITS, 5); break;      \
-    case 6: FN(c, R, BITS, 6); break;      \
-    case 7: FN(c, R, BITS, 7); break;      \
-    default: FN(c, R, BITS, 8); break;     \
-  }
-
-/* m = 1, AVX2: G row groups R .. R + G - 1 side by side (as gemv_vnni_set): the broadcasts of x
- * are made once per block for all G, and G streams of weights are in flight at once */
-AVX2_FN __attribute__((always_inline)) static inline void gemv_avx2_set(const qg_ctx *c, int64_t R, const int BITS,
-                                                                        const int G) {
-  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 256 : 128;
-  const int64_t L = nb * cb;
-  const uint8_t *w = c->wq + R * L;
-  const uint16_t *s = c->scales + R * ng * 8;
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc[G];
-  for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-  for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
-    const int8_t *x = c->xq + b * 32;
-    const __m256i off = _mm256_set1_epi32(c->xc[b]);
-    const __m256 xs = _mm256_set1_ps(c->xs[b]);
-    for (int g = 0; g < G; g++) {
-      const uint8_t *wg = w + g * L;
-      for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)wg + QG_PF + l, _MM_HINT_T0);
-      __m256i d;
-      if (BITS == 4) {
-        __m256i p = _mm256_setzero_si256();
-        for (int t = 0; t < 4; t++) {
-          const __m256i r = _mm256_loadu_si256((const __m256i *)(wg + 32 * t));
-          p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(r, m4), bcast4(x + 4 * t)));
-          p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r, 4), m4), bcast4(x + 16 + 4 * t)));
-        }
-        d = _mm256_sub_epi32(_mm256_madd_epi16(p, ones), off);
-      } else {
-        /* maddubs wants unsigned x signed: |w| against x with w's sign; an int16 pair sum of
-         * 2 * 127 * 127 fits, so each step is widened to int32 at once */
-        d = _mm256_setzero_si256();
-        for (int t = 0; t < 8; t++) {
-          const __m256i r = _mm256_loadu_si256((const __m256i *)(wg + 32 * t));
-          const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(r, r), _mm256_sign_epi8(bcast4(x + 4 * t), r));
-          d = _mm256_add_epi32(d, _mm256_madd_epi16(p, ones));
-        }
-      }
-      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + g * ng * 8)));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sw, xs), acc[g]);
-    }
-    if (++j == per_g) j = 0, s += 8;
-  }
-  for (int g = 0; g < G; g++) store_rows(c, &acc[g], R + g, 0, 1);
-}
-
-/* row groups [g0, g1), m = 1 */
-AVX2_FN static void gemv_avx2(const qg_ctx *c, int64_t g0, int64_t g1) {
-  for (int64_t R = g0; R < g1; R += QG_GV2) {
-    const int G = (int)QG_MIN(QG_GV2, g1 - R);
-    if (c->bits == 4) {
-      QG_SET_CASES(gemv_avx2_set, 4, G)
-    } else {
-      QG_SET_CASES(gemv_avx2_set, 8, G)
-    }
-  }
-}
-
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 /* the same rounding as quantize_rows (cvtps rounds to nearest even, as lrintf) */
@@ -376,64 +305,41 @@ VNNI_FN static void expand_x_vnni(const int8_t *xq, int64_t nb, int8_t *xe) {
   }
 }
 
-/* m = 1, VNNI: G row groups R .. R + G - 1 side by side, one block of each per step, so x is
- * loaded once per block for all G, and G streams of weights are in flight at once (one stream
- * alone leaves the core's DRAM bandwidth unused).  Lanes r and 8 + r both sum row r (the
- * block's even and odd steps). */
-VNNI_FN __attribute__((always_inline)) static inline void gemv_vnni_set(const qg_ctx *c, int64_t R, const int BITS,
-                                                                        const int G) {
-  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 256 : 128;
-  const int64_t L = nb * cb; /* bytes of one row group */
-  const uint8_t *w = c->wq + R * L;
-  const uint16_t *s = c->scales + R * ng * 8;
-  const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-  __m512 acc[G];
-  for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
-  for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
-    const __m512i *xp = (const __m512i *)(c->xe + b * 256);
-    const __m512i x0 = _mm512_load_si512(xp), x1 = _mm512_load_si512(xp + 1), x2 = _mm512_load_si512(xp + 2),
-                  x3 = _mm512_load_si512(xp + 3);
-    const __m512i off = _mm512_maskz_set1_epi32(0x00ff, -c->xc[b]);
-    const __m512 xs = _mm512_set1_ps(c->xs[b]);
-    for (int g = 0; g < G; g++) {
-      const uint8_t *wg = w + g * L;
-      for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)wg + QG_PF + l, _MM_HINT_T0);
-      __m512i d0, d1;
-      if (BITS == 4) {
-        const __m512i r0 = _mm512_loadu_si512(wg), r1 = _mm512_loadu_si512(wg + 64);
-        d0 = _mm512_dpbusd_epi32(off, _mm512_and_si512(r0, m4), x0);
-        d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r1, m4), x1);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), x2);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), x3);
-      } else {
-        d0 = _mm512_dpbusd_epi32(off, _mm512_xor_si512(_mm512_loadu_si512(wg), flip), x0);
-        d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_loadu_si512(wg + 64), flip), x1);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(wg + 128), flip), x2);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(wg + 192), flip), x3);
-      }
-      const __m512 sw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(s + g * ng * 8))));
-      acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, xs), acc[g]);
-    }
-    if (++j == per_g) j = 0, s += 8; /* the next scale group */
-  }
-  for (int g = 0; g < G; g++) {
-    __m256 y = _mm256_add_ps(_mm512_castps512_ps256(acc[g]), _mm512_extractf32x8_ps(acc[g], 1));
-    const int64_t col = (R + g) * 8, cols = QG_MIN(c->n - col, 8);
-    const __mmask8 mask = (__mmask8)((1u << cols) - 1);
-    if (c->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(mask, c->bias + col));
-    _mm256_mask_storeu_ps(c->y + col, mask, y);
-  }
-}
-
-/* row groups [g0, g1), m = 1 */
+/* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps) */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
-  for (int64_t R = g0; R < g1; R += QG_GV512) {
-    const int G = (int)QG_MIN(QG_GV512, g1 - R);
-    if (c->bits == 4) {
-      QG_SET_CASES(gemv_vnni_set, 4, G)
-    } else {
-      QG_SET_CASES(gemv_vnni_set, 8, G)
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
+  const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t R = g0; R < g1; R++) {
+    const uint8_t *w = c->wq + R * nb * cb;
+    const uint16_t *s = c->scales + R * ng * 8;
+    /* two int32 sums per block and two float sums (even, odd blocks): short dependency chains */
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
+      for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
+      const __m512i *x = (const __m512i *)(c->xe + b * 256);
+      __m512i d0 = _mm512_maskz_set1_epi32(0x00ff, -c->xc[b]), d1 = _mm512_setzero_si512();
+      if (c->bits == 4) {
+        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64);
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), _mm512_loadu_si512(x));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), _mm512_loadu_si512(x + 1));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_loadu_si512(x + 2));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), _mm512_loadu_si512(x + 3));
+      } else {
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w), flip), _mm512_loadu_si512(x));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip), _mm512_loadu_si512(x + 1));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 128), flip), _mm512_loadu_si512(x + 2));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 192), flip), _mm512_loadu_si512(x + 3));
+      }
+      const __m512 sw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)s)));
+      acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])), acc[b & 1]);
+      if (++j == per_g) j = 0, s += 8; /* the next scale group */
     }
+    acc[0] = _mm512_add_ps(acc[0], acc[1]);
+    __m256 y = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm512_extractf32x8_ps(acc[0], 1));
+    const int64_t cols = QG_MIN(c->n - R * 8, 8);
+    const __mmask8 mask = (__mmask8)((1u << cols) - 1);
+    if (c->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(mask, c->bias + R * 8));
+    _mm256_mask_storeu_ps(c->y + R * 8, mask, y);
   }
 }
 #endif
@@ -446,10 +352,6 @@ static void task(void *ctx, int64_t g0, int64_t g1) {
       gemv_vnni(c, g0, g1);
     else
       pairs_vnni(c, g0, g1);
-    return;
-  }
-  if (c->path == QG_AVX2 && c->m == 1) {
-    gemv_avx2(c, g0, g1);
     return;
   }
   if (c->path == QG_AVX2) {
@@ -511,16 +413,18 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
   const int64_t groups = (n + 7) / 8;
   if (path == QG_VNNI && !xe)
     ex_parallel_for((groups + 1) / 2, m >= QG_MR512 ? 1 : 8, task, &c);
+  else if (m == 1) /* chunks of at least 64 KiB of weights: a smaller one costs more to hand out */
+    ex_parallel_for(groups, 1 + (65536 / chunk_bytes(bits)) / (k / 32), task, &c);
   else
-    ex_parallel_for(groups, m == 1 ? 8 : 4, task, &c); /* the pool makes at most 4 chunks a thread */
+    ex_parallel_for(groups, 4, task, &c);
   free(xq), free(xs), free(xc), free(xe);
   return EX_OK;
 }
 
-/* ---- ex_read_sum: the sum of a float buffer, read as fast as this core can read ----
+/* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----
  * The yardstick for the m = 1 GEMV above (llm.py's decode bound): each task reads its part as
- * QG_RS_STREAMS independent streams with software prefetch, the way the GEMV reads weights, and
- * sums them so that no load can be dropped. */
+ * QG_RS_STREAMS independent streams with software prefetch (one stream, as the GEMV reads, came
+ * out the same here) and sums them, so that no load can be dropped; little work per byte. */
 #define QG_RS_STREAMS 4
 #define QG_RS_ITEM 4096 /* floats a parallel_for item: 16 KiB */
 
