@@ -305,7 +305,13 @@ VNNI_FN static void expand_x_vnni(const int8_t *xq, int64_t nb, int8_t *xe) {
   }
 }
 
-/* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps) */
+/* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps).
+ * Each task reads its row groups as one stream, prefetched QG_PF ahead.  Tried and measured
+ * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, ~31 GB/s here of ~40 the core can read):
+ * 8 or 4 row groups side by side (x loaded once for all; 8 prefetched streams, ~20 GB/s), two
+ * blocks a step in register accumulators, and adding the halves of two blocks crosswise to
+ * halve the float work (both ~28).  The high nibble by one gf2p8affine (GFNI) instead of a
+ * shift and a mask gave ~3%. */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
@@ -413,10 +419,8 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
   const int64_t groups = (n + 7) / 8;
   if (path == QG_VNNI && !xe)
     ex_parallel_for((groups + 1) / 2, m >= QG_MR512 ? 1 : 8, task, &c);
-  else if (m == 1) /* chunks of at least 64 KiB of weights: a smaller one costs more to hand out */
-    ex_parallel_for(groups, 1 + (65536 / chunk_bytes(bits)) / (k / 32), task, &c);
   else
-    ex_parallel_for(groups, 4, task, &c);
+    ex_parallel_for(groups, m == 1 ? 16 : 4, task, &c);
   free(xq), free(xs), free(xc), free(xe);
   return EX_OK;
 }
