@@ -382,6 +382,7 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
 
 static int conv_depthwise(const ex_conv_params *p, const float *x, const float *w,
                           const float *bias, const float *res, float *y) {
+  if (dwd_ok(p)) return dwd_run(p, x, w, bias, res, y); /* depthwise.c */
   dw_ctx g = {p, x, w, bias, res, y, 0};
   const int64_t per = p->oh * p->ow * p->kh * p->kw;
   ex_parallel_for(p->n * p->c, EX_MAX(1, 32768 / EX_MAX(per, 1)), dw_task, &g);

@@ -1,0 +1,205 @@
+/* Direct depthwise convolution (one channel per group, NCHW float32) for 3x3 and 5x5 kernels,
+ * stride 1 or 2, dilation 1, any padding: conv_depthwise (conv.c) calls dwd_run for those and
+ * keeps its padded-plane loops for everything else; the reference is the same definition.
+ *
+ * An output row is computed a vector of DWD_VL outputs at a time with the kernel's weights held
+ * in registers: each tap is one unaligned load of an input row (stride 2: two loads split into
+ * even and odd columns), so nothing is copied.  Only chunks that would read outside the row (the
+ * left and right padding, a short tail) go through a small zero-padded copy of the rows they
+ * touch; missing rows (top and bottom padding) read a row of zeros.  Bias starts the sum, and the
+ * residual and ReLU/ReLU6 are applied in registers before the store.  Tasks are strips of output
+ * rows of one plane, so a few large planes still spread over the pool; small layers run on one
+ * thread (waking the pool costs more than they take). */
+
+#ifdef EX_AVX512
+typedef float dwd_v __attribute__((vector_size(64)));
+#define DWD_VL 16
+#elif defined(EX_AVX2)
+typedef float dwd_v __attribute__((vector_size(32)));
+#define DWD_VL 8
+#else
+typedef float dwd_v __attribute__((vector_size(16)));
+#define DWD_VL 4
+#endif
+#define DWD_MAXK 5
+#define DWD_SPAN (2 * DWD_VL + DWD_MAXK - 1) /* input columns one chunk may load */
+#define DWD_INLINE static inline __attribute__((always_inline))
+
+static const float dwd_zero[DWD_SPAN];
+
+DWD_INLINE dwd_v dwd_ld(const float *p) { dwd_v v; memcpy(&v, p, sizeof v); return v; }
+DWD_INLINE void dwd_st(float *p, dwd_v v) { memcpy(p, &v, sizeof v); }
+
+DWD_INLINE dwd_v dwd_fma(dwd_v a, dwd_v b, dwd_v c) {
+#ifdef EX_AVX512
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(EX_AVX2)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+/* the even- and odd-indexed elements of the 2 DWD_VL values a, b */
+DWD_INLINE void dwd_split(dwd_v a, dwd_v b, dwd_v *ev, dwd_v *od) {
+#ifdef EX_AVX512
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  *ev = _mm512_permutex2var_ps(a, ie, b);
+  *od = _mm512_permutex2var_ps(a, io, b);
+#elif defined(EX_AVX2)
+  /* within 128-bit lanes, then fix the lane order */
+  const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+  *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8));
+  *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8));
+#else
+  *ev = (dwd_v){a[0], a[2], b[0], b[2]};
+  *od = (dwd_v){a[1], a[3], b[1], b[3]};
+#endif
+}
+
+/* ReLU (6: ReLU6) as act_row does it: NaN passes through */
+DWD_INLINE dwd_v dwd_clamp(dwd_v v, int six) {
+#ifdef EX_AVX512
+  v = _mm512_max_ps(_mm512_setzero_ps(), v);
+  if (six) v = _mm512_min_ps(_mm512_set1_ps(6.0f), v);
+  return v;
+#elif defined(EX_AVX2)
+  v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  if (six) v = _mm256_min_ps(_mm256_set1_ps(6.0f), v);
+  return v;
+#else
+  for (int l = 0; l < DWD_VL; l++) {
+    const float f = v[l] < 0.0f ? 0.0f : v[l];
+    v[l] = six && f > 6.0f ? 6.0f : f;
+  }
+  return v;
+#endif
+}
+
+/* bias + sum over taps of w[i][j] * row i at column S * lane + j: rp[i] points at the chunk's
+ * first input column (S * DWD_VL + K - 1 readable floats) */
+DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, const int K,
+                           const int S) {
+  dwd_v acc[DWD_MAXK];
+  for (int i = 0; i < K; i++) acc[i] = (dwd_v){0};
+  acc[0] = bias;
+  for (int i = 0; i < K; i++) { /* one accumulator per kernel row: independent FMA chains */
+    const float *r = rp[i];
+    if (S == 1) {
+      for (int j = 0; j < K; j++) acc[i] = dwd_fma(wv[i * K + j], dwd_ld(r + j), acc[i]);
+    } else {
+      for (int j = 0; j < K; j += 2) {
+        dwd_v ev, od;
+        dwd_split(dwd_ld(r + j), dwd_ld(r + j + DWD_VL), &ev, &od);
+        acc[i] = dwd_fma(wv[i * K + j], ev, acc[i]);
+        if (j + 1 < K) acc[i] = dwd_fma(wv[i * K + j + 1], od, acc[i]);
+      }
+    }
+  }
+  for (int i = 1; i < K; i++) acc[0] += acc[i];
+  return acc[0];
+}
+
+typedef struct {
+  const ex_conv_params *p;
+  const float *x, *w, *bias, *res;
+  float *y;
+  int64_t nstrip, rows; /* strips per plane, output rows per strip */
+} dwd_ctx;
+
+/* output rows [oy0, oy1) of plane q */
+DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
+                         const int S) {
+  const ex_conv_params *p = g->p;
+  const int64_t ch = q % p->c, w = p->w, ow = p->ow, span = S * DWD_VL + K - 1;
+  const float *xq = g->x + q * p->h * w, *wc = g->w + ch * K * K;
+  dwd_v wv[DWD_MAXK * DWD_MAXK];
+  for (int t = 0; t < K * K; t++) wv[t] = (dwd_v){0} + wc[t];
+  const dwd_v bv = (dwd_v){0} + (g->bias ? g->bias[ch] : 0.0f);
+  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6, six = p->act == EX_ACT_RELU6;
+  for (int64_t oy = oy0; oy < oy1; oy++) {
+    const float *row[DWD_MAXK], *rp[DWD_MAXK];
+    for (int i = 0; i < K; i++) {
+      const int64_t iy = oy * S - p->ph + i;
+      row[i] = iy >= 0 && iy < p->h ? xq + iy * w : NULL;
+    }
+    float *yr = g->y + (q * p->oh + oy) * ow;
+    const float *rr = g->res ? g->res + (q * p->oh + oy) * ow : NULL;
+    for (int64_t ox = 0; ox < ow; ox += DWD_VL) {
+      const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - p->pw;
+      dwd_v acc;
+      if (n == DWD_VL && c0 >= 0 && c0 + span <= w) {
+        for (int i = 0; i < K; i++) rp[i] = row[i] ? row[i] + c0 : dwd_zero;
+        acc = dwd_chunk(rp, wv, bv, K, S);
+      } else { /* an edge: the columns it reads, zero outside the row */
+        float loc[DWD_MAXK][DWD_SPAN];
+        const int64_t a = EX_MAX(c0, 0), b = EX_MIN(c0 + span, w);
+        for (int i = 0; i < K; i++) {
+          memset(loc[i], 0, sizeof loc[i]);
+          if (row[i] && b > a) memcpy(loc[i] + (a - c0), row[i] + a, (size_t)(b - a) * sizeof(float));
+          rp[i] = loc[i];
+        }
+        acc = dwd_chunk(rp, wv, bv, K, S);
+      }
+      if (n == DWD_VL) {
+        if (rr) acc += dwd_ld(rr + ox);
+        if (clamp) acc = dwd_clamp(acc, six);
+        dwd_st(yr + ox, acc);
+      } else {
+        float t[DWD_VL] = {0};
+        if (rr) {
+          memcpy(t, rr + ox, (size_t)n * sizeof(float));
+          acc += dwd_ld(t);
+        }
+        if (clamp) acc = dwd_clamp(acc, six);
+        dwd_st(t, acc);
+        memcpy(yr + ox, t, (size_t)n * sizeof(float));
+      }
+    }
+    if (!clamp) act_row(p->act, yr, ow);
+  }
+}
+
+#define DWD_TASK(K, S)                                                                 \
+  static void dwd_task_##K##S(void *vctx, int64_t u0, int64_t u1) {                    \
+    const dwd_ctx *g = vctx;                                                           \
+    for (int64_t u = u0; u < u1; u++) {                                                \
+      const int64_t oy0 = u % g->nstrip * g->rows;                                     \
+      dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->p->oh), K, S);          \
+    }                                                                                  \
+  }
+DWD_TASK(3, 1)
+DWD_TASK(3, 2)
+DWD_TASK(5, 1)
+DWD_TASK(5, 2)
+#undef DWD_TASK
+
+static int dwd_ok(const ex_conv_params *p) {
+  return p->kh == p->kw && (p->kh == 3 || p->kh == 5) && p->sh == p->sw && p->sh <= 2 &&
+         p->dh == 1 && p->dw == 1;
+}
+
+/* Work below DWD_SERIAL multiply-adds stays on the calling thread; above it, units of at least
+ * DWD_GRAIN multiply-adds (whole planes when there are enough of them, else strips of rows). */
+#define DWD_SERIAL 200000
+#define DWD_GRAIN 16384
+
+static int dwd_run(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                   const float *res, float *y) {
+  const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
+  const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
+  dwd_ctx g = {p, x, w, bias, res, y, 1, p->oh};
+  if (nt > 1 && total >= DWD_SERIAL && planes < 4 * nt) {
+    g.rows = EX_MAX(1, EX_MIN(p->oh, DWD_GRAIN / EX_MAX(per_row, 1)));
+    g.rows = EX_MAX(g.rows, p->oh * planes / (8 * nt)); /* no more than ~8 units per thread */
+    g.rows = EX_MIN(g.rows, p->oh);
+    g.nstrip = (p->oh + g.rows - 1) / g.rows;
+  }
+  const int64_t units = planes * g.nstrip, unit_work = g.rows * per_row;
+  const int64_t grain = total < DWD_SERIAL ? units : EX_MAX(1, DWD_GRAIN / EX_MAX(unit_work, 1));
+  void (*fn)(void *, int64_t, int64_t) = p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32)
+                                                    : (p->sh == 1 ? dwd_task_51 : dwd_task_52);
+  ex_parallel_for(units, grain, fn, &g);
+  return EX_OK;
+}
