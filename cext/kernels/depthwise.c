@@ -22,13 +22,52 @@ typedef float dwd_v __attribute__((vector_size(16)));
 #define DWD_VL 4
 #endif
 #define DWD_MAXK 5
-#define DWD_SPAN (2 * DWD_VL + DWD_MAXK - 1) /* input columns one chunk may load */
 #define DWD_INLINE static inline __attribute__((always_inline))
-
-static const float dwd_zero[DWD_SPAN];
 
 DWD_INLINE dwd_v dwd_ld(const float *p) { dwd_v v; memcpy(&v, p, sizeof v); return v; }
 DWD_INLINE void dwd_st(float *p, dwd_v v) { memcpy(p, &v, sizeof v); }
+
+/* A lane mask (dwd_m) and the masked load / store: the masked-out lanes' addresses are never
+ * read or written (the hardware suppresses their faults), so a masked load may start before
+ * or run past the row. */
+#ifdef EX_AVX512
+typedef __mmask16 dwd_m;
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) { /* lanes [lo, hi) */
+  lo = EX_MAX(lo, 0);
+  hi = EX_MIN(hi, DWD_VL);
+  return lo < hi ? (dwd_m)((0xffffu >> (16 - (hi - lo))) << lo) : 0;
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) { return _mm512_maskz_loadu_ps(m, p); }
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) { _mm512_mask_storeu_ps(p, m, v); }
+#elif defined(EX_AVX2)
+typedef __m256i dwd_m;
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) {
+  lo = EX_MAX(EX_MIN(lo, DWD_VL), 0);
+  hi = EX_MAX(EX_MIN(hi, DWD_VL), 0);
+  const __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), l),
+                             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), l));
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) { return _mm256_maskload_ps(p, m); }
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) { _mm256_maskstore_ps(p, m, v); }
+#else
+typedef unsigned dwd_m; /* lane bits */
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) {
+  dwd_m m = 0;
+  for (int64_t l = EX_MAX(lo, 0); l < EX_MIN(hi, DWD_VL); l++) m |= 1u << l;
+  return m;
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) {
+  dwd_v v = {0};
+  for (int l = 0; l < DWD_VL; l++)
+    if (m >> l & 1) v[l] = p[l];
+  return v;
+}
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) {
+  for (int l = 0; l < DWD_VL; l++)
+    if (m >> l & 1) p[l] = v[l];
+}
+#endif
 
 DWD_INLINE dwd_v dwd_fma(dwd_v a, dwd_v b, dwd_v c) {
 #ifdef EX_AVX512
@@ -77,28 +116,66 @@ DWD_INLINE dwd_v dwd_clamp(dwd_v v, int six) {
 #endif
 }
 
-/* bias + sum over taps of w[i][j] * row i at column S * lane + j: rp[i] points at the chunk's
- * first input column (S * DWD_VL + K - 1 readable floats) */
-DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, const int K,
-                           const int S) {
+/* bias + sum over taps of w[i][j] * row i at column c0 + S * lane + j, for the rows that exist
+ * (rp[i] points at column c0 of row i, or is NULL: a padding row).  m: NULL when every column
+ * read is inside the row, else the masks of the loads at offsets 0..K-1 and DWD_VL..DWD_VL+K-1
+ * (the columns inside it). */
+DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m,
+                           const int K, const int S) {
   dwd_v acc[DWD_MAXK];
   for (int i = 0; i < K; i++) acc[i] = (dwd_v){0};
   acc[0] = bias;
+#define DWD_LD(r, o) (m ? dwd_ldk((r) + (o), m[(o) < K ? (o) : K + (o) - DWD_VL]) : dwd_ld((r) + (o)))
   for (int i = 0; i < K; i++) { /* one accumulator per kernel row: independent FMA chains */
     const float *r = rp[i];
+    if (!r) continue;
     if (S == 1) {
-      for (int j = 0; j < K; j++) acc[i] = dwd_fma(wv[i * K + j], dwd_ld(r + j), acc[i]);
+      for (int j = 0; j < K; j++) acc[i] = dwd_fma(wv[i * K + j], DWD_LD(r, j), acc[i]);
     } else {
       for (int j = 0; j < K; j += 2) {
         dwd_v ev, od;
-        dwd_split(dwd_ld(r + j), dwd_ld(r + j + DWD_VL), &ev, &od);
+        dwd_split(DWD_LD(r, j), DWD_LD(r, j + DWD_VL), &ev, &od);
         acc[i] = dwd_fma(wv[i * K + j], ev, acc[i]);
         if (j + 1 < K) acc[i] = dwd_fma(wv[i * K + j + 1], od, acc[i]);
       }
     }
   }
+#undef DWD_LD
   for (int i = 1; i < K; i++) acc[0] += acc[i];
   return acc[0];
+}
+
+/* stride 1, two output rows at once: rp[0..K] are K + 1 input rows; row r feeds the first
+ * output row with kernel row r and the second with kernel row r - 1, so each load serves two
+ * FMAs.  Two accumulators per output row keep the FMA chains independent. */
+DWD_INLINE void dwd_chunk2(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m,
+                           const int K, dwd_v *out0, dwd_v *out1) {
+  dwd_v a[2] = {bias, (dwd_v){0}}, b[2] = {bias, (dwd_v){0}};
+  for (int r = 0; r <= K; r++) {
+    const float *x = rp[r];
+    if (!x) continue;
+    for (int j = 0; j < K; j++) {
+      const dwd_v v = m ? dwd_ldk(x + j, m[j]) : dwd_ld(x + j);
+      if (r < K) a[r & 1] = dwd_fma(wv[r * K + j], v, a[r & 1]);
+      if (r > 0) b[r & 1] = dwd_fma(wv[(r - 1) * K + j], v, b[r & 1]);
+    }
+  }
+  *out0 = a[0] + a[1];
+  *out1 = b[0] + b[1];
+}
+
+/* residual, ReLU/ReLU6, then the store of the first n lanes (sm: their mask) */
+DWD_INLINE void dwd_out(float *y, const float *r, dwd_v acc, int64_t n, dwd_m sm, int clamp,
+                        int six) {
+  if (n == DWD_VL) {
+    if (r) acc += dwd_ld(r);
+    if (clamp) acc = dwd_clamp(acc, six);
+    dwd_st(y, acc);
+  } else {
+    if (r) acc += dwd_ldk(r, sm);
+    if (clamp) acc = dwd_clamp(acc, six);
+    dwd_stk(y, acc, sm);
+  }
 }
 
 typedef struct {
@@ -108,7 +185,7 @@ typedef struct {
   int64_t nstrip, rows; /* strips per plane, output rows per strip */
 } dwd_ctx;
 
-/* output rows [oy0, oy1) of plane q */
+/* output rows [oy0, oy1) of plane q, a column chunk at a time (its masks computed once) */
 DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
                          const int S) {
   const ex_conv_params *p = g->p;
@@ -118,47 +195,43 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
   for (int t = 0; t < K * K; t++) wv[t] = (dwd_v){0} + wc[t];
   const dwd_v bv = (dwd_v){0} + (g->bias ? g->bias[ch] : 0.0f);
   const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6, six = p->act == EX_ACT_RELU6;
-  for (int64_t oy = oy0; oy < oy1; oy++) {
-    const float *row[DWD_MAXK], *rp[DWD_MAXK];
-    for (int i = 0; i < K; i++) {
-      const int64_t iy = oy * S - p->ph + i;
-      row[i] = iy >= 0 && iy < p->h ? xq + iy * w : NULL;
-    }
-    float *yr = g->y + (q * p->oh + oy) * ow;
-    const float *rr = g->res ? g->res + (q * p->oh + oy) * ow : NULL;
-    for (int64_t ox = 0; ox < ow; ox += DWD_VL) {
-      const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - p->pw;
-      dwd_v acc;
-      if (n == DWD_VL && c0 >= 0 && c0 + span <= w) {
-        for (int i = 0; i < K; i++) rp[i] = row[i] ? row[i] + c0 : dwd_zero;
-        acc = dwd_chunk(rp, wv, bv, K, S);
-      } else { /* an edge: the columns it reads, zero outside the row */
-        float loc[DWD_MAXK][DWD_SPAN];
-        const int64_t a = EX_MAX(c0, 0), b = EX_MIN(c0 + span, w);
-        for (int i = 0; i < K; i++) {
-          memset(loc[i], 0, sizeof loc[i]);
-          if (row[i] && b > a) memcpy(loc[i] + (a - c0), row[i] + a, (size_t)(b - a) * sizeof(float));
-          rp[i] = loc[i];
-        }
-        acc = dwd_chunk(rp, wv, bv, K, S);
+  for (int64_t ox = 0; ox < ow; ox += DWD_VL) {
+    const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - p->pw;
+    const dwd_m sm = dwd_mask(0, n);
+    dwd_m m[2 * DWD_MAXK];
+    const int edge = c0 < 0 || c0 + span > w;
+    if (edge)
+      for (int o = 0; o < K; o++) {
+        m[o] = dwd_mask(-(c0 + o), w - (c0 + o));
+        m[K + o] = dwd_mask(-(c0 + o + DWD_VL), w - (c0 + o + DWD_VL));
       }
-      if (n == DWD_VL) {
-        if (rr) acc += dwd_ld(rr + ox);
-        if (clamp) acc = dwd_clamp(acc, six);
-        dwd_st(yr + ox, acc);
-      } else {
-        float t[DWD_VL] = {0};
-        if (rr) {
-          memcpy(t, rr + ox, (size_t)n * sizeof(float));
-          acc += dwd_ld(t);
-        }
-        if (clamp) acc = dwd_clamp(acc, six);
-        dwd_st(t, acc);
-        memcpy(yr + ox, t, (size_t)n * sizeof(float));
+    int64_t oy = oy0;
+    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
+      const float *rp[DWD_MAXK + 1];
+      for (int i = 0; i <= K; i++) {
+        const int64_t iy = oy - p->ph + i;
+        rp[i] = iy >= 0 && iy < p->h ? xq + iy * w + c0 : NULL;
       }
+      const int64_t yo = (q * p->oh + oy) * ow + ox;
+      dwd_v a0, a1;
+      if (edge) dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
+      else dwd_chunk2(rp, wv, bv, NULL, K, &a0, &a1);
+      dwd_out(g->y + yo, g->res ? g->res + yo : NULL, a0, n, sm, clamp, six);
+      dwd_out(g->y + yo + ow, g->res ? g->res + yo + ow : NULL, a1, n, sm, clamp, six);
     }
-    if (!clamp) act_row(p->act, yr, ow);
+    for (; oy < oy1; oy++) {
+      const float *rp[DWD_MAXK]; /* input rows at column c0 (NULL: padding) */
+      for (int i = 0; i < K; i++) {
+        const int64_t iy = oy * S - p->ph + i;
+        rp[i] = iy >= 0 && iy < p->h ? xq + iy * w + c0 : NULL;
+      }
+      const int64_t yo = (q * p->oh + oy) * ow + ox;
+      const dwd_v acc = edge ? dwd_chunk(rp, wv, bv, m, K, S) : dwd_chunk(rp, wv, bv, NULL, K, S);
+      dwd_out(g->y + yo, g->res ? g->res + yo : NULL, acc, n, sm, clamp, six);
+    }
   }
+  if (!clamp && p->act != EX_ACT_NONE)
+    for (int64_t oy = oy0; oy < oy1; oy++) act_row(p->act, g->y + (q * p->oh + oy) * ow, ow);
 }
 
 #define DWD_TASK(K, S)                                                                 \
