@@ -10,6 +10,7 @@
  * residual and ReLU/ReLU6 are applied in registers before the store.  Tasks are strips of output
  * rows of one plane, so a few large planes still spread over the pool; small layers run on one
  * thread (waking the pool costs more than they take). */
+#include <stdatomic.h>
 
 #ifdef EX_AVX512
 typedef float dwd_v __attribute__((vector_size(64)));
@@ -183,63 +184,115 @@ typedef struct {
   const float *x, *w, *bias, *res;
   float *y;
   int64_t nstrip, rows; /* strips per plane, output rows per strip */
+  int64_t units, claim; /* plane strips in all, taken `claim` at a time */
+  _Atomic int64_t next; /* the next unclaimed strip */
+  void (*fn)(void *, int64_t, int64_t); /* the task for this kernel size and stride */
 } dwd_ctx;
 
-/* output rows [oy0, oy1) of plane q, a column chunk at a time (its masks computed once) */
+/* input rows oy * S - ph + i, i in [0, nr), of plane xq, offset by column c (NULL: padding) */
+DWD_INLINE void dwd_row_ptrs(const ex_conv_params *p, const float *xq, int64_t oy, int64_t c,
+                             int nr, const int S, const float **rp) {
+  for (int i = 0; i < nr; i++) {
+    const int64_t iy = oy * S - p->ph + i;
+    rp[i] = iy >= 0 && iy < p->h ? xq + iy * p->w + c : NULL;
+  }
+}
+
+/* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
+ * rows outer, chunks inner (nothing but loads, FMAs and stores); the edge chunks run one chunk
+ * at a time down the rows, with their load masks computed once. */
 DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
                          const int S) {
   const ex_conv_params *p = g->p;
-  const int64_t ch = q % p->c, w = p->w, ow = p->ow, span = S * DWD_VL + K - 1;
+  const int64_t ch = q % p->c, w = p->w, ow = p->ow, pw = p->pw, span = S * DWD_VL + K - 1;
   const float *xq = g->x + q * p->h * w, *wc = g->w + ch * K * K;
+  float *const y = g->y + q * p->oh * ow;
+  const float *const res = g->res ? g->res + q * p->oh * ow : NULL;
   dwd_v wv[DWD_MAXK * DWD_MAXK];
   for (int t = 0; t < K * K; t++) wv[t] = (dwd_v){0} + wc[t];
   const dwd_v bv = (dwd_v){0} + (g->bias ? g->bias[ch] : 0.0f);
   const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6, six = p->act == EX_ACT_RELU6;
+  const dwd_m full = dwd_mask(0, DWD_VL);
+  /* fast chunks: [xa, xb) */
+  int64_t xa = 0, xb;
+  while (xa < ow && xa * S - pw < 0) xa += DWD_VL;
+  for (xb = xa; xb + DWD_VL <= ow && xb * S - pw + span <= w;) xb += DWD_VL;
+  if (xb > xa) {
+    int64_t oy = oy0;
+    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
+      const float *rp[DWD_MAXK + 1], *r[DWD_MAXK + 1];
+      dwd_row_ptrs(p, xq, oy, -pw, K + 1, S, rp);
+      float *y0 = y + oy * ow, *y1 = y0 + ow;
+      const float *r0 = res ? res + oy * ow : NULL, *r1 = res ? r0 + ow : NULL;
+      for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
+        for (int i = 0; i <= K; i++) r[i] = rp[i] ? rp[i] + ox : NULL;
+        dwd_v a0, a1;
+        dwd_chunk2(r, wv, bv, NULL, K, &a0, &a1);
+        dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
+        dwd_out(y1 + ox, r1 ? r1 + ox : NULL, a1, DWD_VL, full, clamp, six);
+      }
+    }
+    for (; oy < oy1; oy++) {
+      const float *rp[DWD_MAXK], *r[DWD_MAXK];
+      dwd_row_ptrs(p, xq, oy, -pw, K, S, rp);
+      float *y0 = y + oy * ow;
+      const float *r0 = res ? res + oy * ow : NULL;
+      for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
+        for (int i = 0; i < K; i++) r[i] = rp[i] ? rp[i] + ox * S : NULL;
+        const dwd_v a0 = dwd_chunk(r, wv, bv, NULL, K, S);
+        dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
+      }
+    }
+  }
   for (int64_t ox = 0; ox < ow; ox += DWD_VL) {
-    const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - p->pw;
+    if (ox == xa && xb > xa) ox = xb;
+    if (ox >= ow) break;
+    const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - pw;
     const dwd_m sm = dwd_mask(0, n);
     dwd_m m[2 * DWD_MAXK];
-    const int edge = c0 < 0 || c0 + span > w;
-    if (edge)
-      for (int o = 0; o < K; o++) {
-        m[o] = dwd_mask(-(c0 + o), w - (c0 + o));
-        m[K + o] = dwd_mask(-(c0 + o + DWD_VL), w - (c0 + o + DWD_VL));
-      }
+    for (int o = 0; o < K; o++) {
+      m[o] = dwd_mask(-(c0 + o), w - (c0 + o));
+      m[K + o] = dwd_mask(-(c0 + o + DWD_VL), w - (c0 + o + DWD_VL));
+    }
     int64_t oy = oy0;
     for (; S == 1 && oy + 2 <= oy1; oy += 2) {
       const float *rp[DWD_MAXK + 1];
-      for (int i = 0; i <= K; i++) {
-        const int64_t iy = oy - p->ph + i;
-        rp[i] = iy >= 0 && iy < p->h ? xq + iy * w + c0 : NULL;
-      }
-      const int64_t yo = (q * p->oh + oy) * ow + ox;
+      dwd_row_ptrs(p, xq, oy, c0, K + 1, S, rp);
+      const int64_t yo = oy * ow + ox;
       dwd_v a0, a1;
-      if (edge) dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
-      else dwd_chunk2(rp, wv, bv, NULL, K, &a0, &a1);
-      dwd_out(g->y + yo, g->res ? g->res + yo : NULL, a0, n, sm, clamp, six);
-      dwd_out(g->y + yo + ow, g->res ? g->res + yo + ow : NULL, a1, n, sm, clamp, six);
+      dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
+      dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
+      dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
     }
     for (; oy < oy1; oy++) {
-      const float *rp[DWD_MAXK]; /* input rows at column c0 (NULL: padding) */
-      for (int i = 0; i < K; i++) {
-        const int64_t iy = oy * S - p->ph + i;
-        rp[i] = iy >= 0 && iy < p->h ? xq + iy * w + c0 : NULL;
-      }
-      const int64_t yo = (q * p->oh + oy) * ow + ox;
-      const dwd_v acc = edge ? dwd_chunk(rp, wv, bv, m, K, S) : dwd_chunk(rp, wv, bv, NULL, K, S);
-      dwd_out(g->y + yo, g->res ? g->res + yo : NULL, acc, n, sm, clamp, six);
+      const float *rp[DWD_MAXK];
+      dwd_row_ptrs(p, xq, oy, c0, K, S, rp);
+      const int64_t yo = oy * ow + ox;
+      dwd_out(y + yo, res ? res + yo : NULL, dwd_chunk(rp, wv, bv, m, K, S), n, sm, clamp, six);
     }
   }
   if (!clamp && p->act != EX_ACT_NONE)
-    for (int64_t oy = oy0; oy < oy1; oy++) act_row(p->act, g->y + (q * p->oh + oy) * ow, ow);
+    for (int64_t oy = oy0; oy < oy1; oy++) act_row(p->act, y + oy * ow, ow);
 }
 
+/* Strips [u0, u1) of the plane/strip sequence; a pool task (u1 < 0) instead claims `claim`
+ * strips at a time from g->next until none are left, so a thread the system preempts holds up
+ * at most the strips it has claimed, while the others take the rest. */
 #define DWD_TASK(K, S)                                                                 \
   static void dwd_task_##K##S(void *vctx, int64_t u0, int64_t u1) {                    \
-    const dwd_ctx *g = vctx;                                                           \
-    for (int64_t u = u0; u < u1; u++) {                                                \
-      const int64_t oy0 = u % g->nstrip * g->rows;                                     \
-      dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->p->oh), K, S);          \
+    dwd_ctx *g = vctx;                                                                 \
+    const int pool = u1 < 0;                                                           \
+    for (;;) {                                                                         \
+      if (pool) {                                                                      \
+        u0 = atomic_fetch_add(&g->next, g->claim);                                     \
+        if (u0 >= g->units) return;                                                    \
+        u1 = EX_MIN(u0 + g->claim, g->units);                                          \
+      }                                                                                \
+      for (int64_t u = u0; u < u1; u++) {                                              \
+        const int64_t oy0 = u % g->nstrip * g->rows;                                   \
+        dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->p->oh), K, S);        \
+      }                                                                                \
+      if (!pool) return;                                                               \
     }                                                                                  \
   }
 DWD_TASK(3, 1)
@@ -248,13 +301,17 @@ DWD_TASK(5, 1)
 DWD_TASK(5, 2)
 #undef DWD_TASK
 
+/* the pool's entry: every thread claims strips (see DWD_TASK) */
+static void dwd_pool_task(void *vctx, int64_t t0, int64_t t1) { ((dwd_ctx *)vctx)->fn(vctx, 0, -1); }
+
 static int dwd_ok(const ex_conv_params *p) {
   return p->kh == p->kw && (p->kh == 3 || p->kh == 5) && p->sh == p->sw && p->sh <= 2 &&
          p->dh == 1 && p->dw == 1;
 }
 
-/* Work below DWD_SERIAL multiply-adds stays on the calling thread; above it, units of at least
- * DWD_GRAIN multiply-adds (whole planes when there are enough of them, else strips of rows). */
+/* Work below DWD_SERIAL multiply-adds stays on the calling thread: waking the pool and sharing
+ * the caches costs more than it saves.  Above it, threads claim about DWD_GRAIN multiply-adds
+ * at a time: whole planes when they are small, else strips of (an even number of) rows. */
 #define DWD_SERIAL 200000
 #define DWD_GRAIN 16384
 
@@ -262,17 +319,20 @@ static int dwd_run(const ex_conv_params *p, const float *x, const float *w, cons
                    const float *res, float *y) {
   const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
   const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
-  dwd_ctx g = {p, x, w, bias, res, y, 1, p->oh};
-  if (nt > 1 && total >= DWD_SERIAL && planes < 4 * nt) {
-    g.rows = EX_MAX(1, EX_MIN(p->oh, DWD_GRAIN / EX_MAX(per_row, 1)));
-    g.rows = EX_MAX(g.rows, p->oh * planes / (8 * nt)); /* no more than ~8 units per thread */
-    g.rows = EX_MIN(g.rows, p->oh);
-    g.nstrip = (p->oh + g.rows - 1) / g.rows;
-  }
-  const int64_t units = planes * g.nstrip, unit_work = g.rows * per_row;
-  const int64_t grain = total < DWD_SERIAL ? units : EX_MAX(1, DWD_GRAIN / EX_MAX(unit_work, 1));
   void (*fn)(void *, int64_t, int64_t) = p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32)
                                                     : (p->sh == 1 ? dwd_task_51 : dwd_task_52);
-  ex_parallel_for(units, grain, fn, &g);
+  dwd_ctx g = {p, x, w, bias, res, y, 1, p->oh, planes, 1, 0, fn};
+  if (nt == 1 || total < DWD_SERIAL) {
+    fn(&g, 0, planes);
+    return EX_OK;
+  }
+  if (p->oh * per_row > 2 * DWD_GRAIN) { /* large planes: strips of rows */
+    g.rows = EX_MIN(p->oh, ROUND_UP(EX_MAX(1, DWD_GRAIN / EX_MAX(per_row, 1)), 2));
+    g.nstrip = (p->oh + g.rows - 1) / g.rows;
+    g.units = planes * g.nstrip;
+  } else {
+    g.claim = EX_MAX(1, DWD_GRAIN / EX_MAX(p->oh * per_row, 1));
+  }
+  ex_parallel_for(nt, 1, dwd_pool_task, &g);
   return EX_OK;
 }
