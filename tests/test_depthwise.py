@@ -152,3 +152,22 @@ def test_depthwise_bad_shapes_raise():
     y = np.empty((1, 4, 6, 6), np.float32)
     a = rnd(1, 4, 8, 8)
     assert lib.ex_conv2d(p, fp(a), fp(a), ffi.NULL, ffi.NULL, fp(y)) == lib.EX_EINVAL
+
+
+@pytest.mark.parametrize("hw,out", [((7, 7), (1, 1)), ((1, 1), (1, 1)), ((17, 65), (1, 1)), ((9, 5), (4, 1)),
+                                    ((9, 5), (2, 3)), ((65, 1), (7, 1))])
+def test_adaptive_avg_pool_whole_rows(hw, out, isa):
+    """Adaptive average pooling (MobileNet's global pool is the 1x1 case): windows that span whole
+    rows are summed as one contiguous run, others row by row; both against NumPy's means."""
+    (h, w), (oh, ow) = hw, out
+    nc = 33
+    x = rnd(nc, h, w)
+    y = np.empty((nc, oh, ow), np.float32)
+    assert lib.ex_adaptive_pool2d(lib.EX_POOL_AVG, fp(x), fp(y), nc, h, w, oh, ow) == 0
+    want = np.empty((nc, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            ys, ye = i * h // oh, -(-(i + 1) * h // oh)
+            xs, xe = j * w // ow, -(-(j + 1) * w // ow)
+            want[:, i, j] = x[:, ys:ye, xs:xe].astype(np.float64).mean(axis=(1, 2))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
