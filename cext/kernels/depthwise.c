@@ -127,12 +127,15 @@ DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, 
   for (int i = 0; i < K; i++) acc[i] = (dwd_v){0};
   acc[0] = bias;
 #define DWD_LD(r, o) (m ? dwd_ldk((r) + (o), m[(o) < K ? (o) : K + (o) - DWD_VL]) : dwd_ld((r) + (o)))
+#pragma GCC unroll 5
   for (int i = 0; i < K; i++) { /* one accumulator per kernel row: independent FMA chains */
     const float *r = rp[i];
     if (!r) continue;
     if (S == 1) {
+#pragma GCC unroll 5
       for (int j = 0; j < K; j++) acc[i] = dwd_fma(wv[i * K + j], DWD_LD(r, j), acc[i]);
     } else {
+#pragma GCC unroll 3
       for (int j = 0; j < K; j += 2) {
         dwd_v ev, od;
         dwd_split(DWD_LD(r, j), DWD_LD(r, j + DWD_VL), &ev, &od);
@@ -152,9 +155,11 @@ DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, 
 DWD_INLINE void dwd_chunk2(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m,
                            const int K, dwd_v *out0, dwd_v *out1) {
   dwd_v a[2] = {bias, (dwd_v){0}}, b[2] = {bias, (dwd_v){0}};
+#pragma GCC unroll 6
   for (int r = 0; r <= K; r++) {
     const float *x = rp[r];
     if (!x) continue;
+#pragma GCC unroll 5
     for (int j = 0; j < K; j++) {
       const dwd_v v = m ? dwd_ldk(x + j, m[j]) : dwd_ld(x + j);
       if (r < K) a[r & 1] = dwd_fma(wv[r * K + j], v, a[r & 1]);
