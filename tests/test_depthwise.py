@@ -1,7 +1,7 @@
 """Depthwise convolution (one channel per group) called directly through ex_conv2d on every kernel
 variant the CPU has, against a NumPy reference written here: 3x3 and 5x5, stride 1 and 2, padding
-0..2 (and uneven), odd plane sizes and vector tails, batch 2, bias, residual and activations, planes
-split into row strips over two threads; plus the nn.functional route and its shape errors."""
+0..2 (and uneven), odd plane sizes and vector tails (rows narrower and wider than a vector), batch 2, bias, residual and activations, planes split into row strips over two
+threads; plus the nn.functional route and its shape errors, and adaptive average pooling."""
 import numpy as np
 import pytest
 
@@ -59,7 +59,8 @@ def run(x, w, stride, pad, bias=None, res=None, act="none", out_hw=None):
     return y
 
 
-HW = [(1, 1), (1, 7), (7, 7), (7, 17), (17, 7), (17, 17), (1, 65), (65, 1), (17, 65), (65, 33)]
+HW = [(1, 1), (1, 7), (7, 7), (7, 17), (17, 7), (9, 8), (14, 14), (16, 16), (17, 17), (1, 65), (65, 1), (17, 65),
+      (65, 33)]
 
 
 @pytest.mark.parametrize("k", [3, 5])
@@ -70,11 +71,14 @@ def test_depthwise_matches_reference(k, stride, pad, hw, isa):
     h, w = hw
     if h + 2 * pad < k or w + 2 * pad < k:
         pytest.skip("kernel larger than the padded input")
-    for c, bias, act in ((1, False, "none"), (5, True, "relu6"), (17, False, "relu"), (33, True, "none")):
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    for c, bias, act, res in ((1, False, "none", False), (5, True, "relu6", False), (17, False, "relu", True),
+                              (33, True, "none", False)):
         x, wt = rnd(2, c, h, w), rnd(c, 1, k, k)
         b = rnd(c) if bias else None
-        got = run(x, wt, stride, pad, b, act=act)
-        want = ref(x, wt, stride, (pad,) * 4, b, act=act)
+        r = rnd(2, c, oh, ow) if res else None
+        got = run(x, wt, stride, pad, b, r, act)
+        want = ref(x, wt, stride, (pad,) * 4, b, r, act)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"c={c} act={act}")
 
 
