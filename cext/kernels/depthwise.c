@@ -206,6 +206,12 @@ DWD_INLINE void dwd_row_ptrs(const ex_conv_params *p, const float *xq, int64_t o
 /* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
  * rows outer, chunks inner (nothing but loads, FMAs and stores); the edge chunks run one chunk
  * at a time down the rows, with their load masks computed once. */
+/* prefetch the input rows [r0, r0 + nr) of plane xq that exist */
+DWD_INLINE void dwd_prefetch(const ex_conv_params *p, const float *xq, int64_t r0, int nr) {
+  for (int64_t r = EX_MAX(r0, 0); r < EX_MIN(r0 + nr, p->h); r++)
+    for (int64_t c = 0; c < p->w; c += 16) __builtin_prefetch(xq + r * p->w + c, 0, 3);
+}
+
 DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
                          const int S) {
   const ex_conv_params *p = g->p;
@@ -240,6 +246,8 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
     for (; oy < oy1; oy++) {
       const float *rp[DWD_MAXK], *r[DWD_MAXK];
       dwd_row_ptrs(p, xq, oy, -pw, K, S, rp);
+      /* stride 2 streams through twice the input per output: fetch two output rows ahead */
+      if (S == 2) dwd_prefetch(p, xq, oy * S - p->ph + K + S, S);
       float *y0 = y + oy * ow;
       const float *r0 = res ? res + oy * ow : NULL;
       for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
