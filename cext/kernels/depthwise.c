@@ -59,9 +59,9 @@ DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) {
   return m;
 }
 DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) {
-  dwd_v v = {0};
-  for (int l = 0; l < DWD_VL; l++)
-    if (m >> l & 1) v[l] = p[l];
+  static const float zero = 0.0f;
+  dwd_v v;
+  for (int l = 0; l < DWD_VL; l++) v[l] = *(m >> l & 1 ? p + l : &zero); /* no branch */
   return v;
 }
 DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) {
@@ -108,10 +108,12 @@ DWD_INLINE dwd_v dwd_clamp(dwd_v v, int six) {
   v = _mm256_max_ps(_mm256_setzero_ps(), v);
   if (six) v = _mm256_min_ps(_mm256_set1_ps(6.0f), v);
   return v;
-#else
-  for (int l = 0; l < DWD_VL; l++) {
-    const float f = v[l] < 0.0f ? 0.0f : v[l];
-    v[l] = six && f > 6.0f ? 6.0f : f;
+#else /* lane selects by comparison masks: a branch per lane mispredicts on real data */
+  typedef int32_t dwd_vi __attribute__((vector_size(sizeof(dwd_v))));
+  v = (dwd_v)((dwd_vi)v & ~(v < (dwd_v){0}));
+  if (six) {
+    const dwd_vi hi = v > ((dwd_v){0} + 6.0f);
+    v = (dwd_v)(((dwd_vi)v & ~hi) | ((dwd_vi)((dwd_v){0} + 6.0f) & hi));
   }
   return v;
 #endif
