@@ -1,15 +1,17 @@
 /* Direct depthwise convolution (one channel per group, NCHW float32) for 3x3 and 5x5 kernels,
  * stride 1 or 2, dilation 1, any padding: conv_depthwise (conv.c) calls dwd_run for those and
- * keeps its padded-plane loops for everything else; the reference is the same definition.
+ * keeps its padded-plane loop for everything else; the reference is the same definition.
  *
- * An output row is computed a vector of DWD_VL outputs at a time with the kernel's weights held
- * in registers: each tap is one unaligned load of an input row (stride 2: two loads split into
- * even and odd columns), so nothing is copied.  Only chunks that would read outside the row (the
- * left and right padding, a short tail) go through a small zero-padded copy of the rows they
- * touch; missing rows (top and bottom padding) read a row of zeros.  Bias starts the sum, and the
- * residual and ReLU/ReLU6 are applied in registers before the store.  Tasks are strips of output
- * rows of one plane, so a few large planes still spread over the pool; small layers run on one
- * thread (waking the pool costs more than they take). */
+ * Outputs are computed DWD_VL at a time along a row with the kernel's weights held in
+ * registers: each tap is one unaligned load of an input row (stride 2: two loads split into even
+ * and odd columns), so nothing is copied or padded.  Stride 1 computes two output rows per pass
+ * (K + 1 input rows, each load feeding two FMAs).  Column chunks that read only inside the rows
+ * run in a tight loop, rows outer; chunks over the left/right padding or the row's tail use
+ * masked loads (zero outside the row, masks computed once per chunk), and taps on the rows of
+ * the top/bottom padding are skipped.  Bias starts the sum; the residual and ReLU/ReLU6 are
+ * applied in registers before the store (other activations over the finished row).  Threads
+ * claim whole planes, or strips of rows of large planes, as they go; small layers stay on the
+ * calling thread. */
 #include <stdatomic.h>
 
 #ifdef EX_AVX512
@@ -205,14 +207,15 @@ DWD_INLINE void dwd_row_ptrs(const ex_conv_params *p, const float *xq, int64_t o
   }
 }
 
-/* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
- * rows outer, chunks inner (nothing but loads, FMAs and stores); the edge chunks run one chunk
- * at a time down the rows, with their load masks computed once. */
 /* prefetch the input rows [r0, r0 + nr) of plane xq that exist */
 DWD_INLINE void dwd_prefetch(const ex_conv_params *p, const float *xq, int64_t r0, int nr) {
   for (int64_t r = EX_MAX(r0, 0); r < EX_MIN(r0 + nr, p->h); r++)
     for (int64_t c = 0; c < p->w; c += 16) __builtin_prefetch(xq + r * p->w + c, 0, 3);
 }
+
+/* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
+ * rows outer, chunks inner (nothing but loads, FMAs and stores); the edge chunks run one chunk
+ * at a time down the rows, with their load masks computed once. */
 
 DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
                          const int S) {
