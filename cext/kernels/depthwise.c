@@ -333,8 +333,16 @@ static int dwd_ok(const ex_conv_params *p) {
 #define DWD_SERIAL 200000
 #define DWD_GRAIN 16384
 
+/* Rows of at most 8 outputs fill under half of a 16-lane vector: the AVX-512 variant hands them
+ * to the AVX2 variant's kernel (8 lanes, the same CPU), which is about a quarter faster there. */
+int ex_depthwise_avx2(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                      const float *res, float *y);
+
 static int dwd_run(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                    const float *res, float *y) {
+#ifdef EX_AVX512
+  if (p->ow <= 8) return ex_depthwise_avx2(p, x, w, bias, res, y);
+#endif
   const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
   const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
   void (*fn)(void *, int64_t, int64_t) = p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32)
@@ -354,3 +362,10 @@ static int dwd_run(const ex_conv_params *p, const float *x, const float *w, cons
   ex_parallel_for(nt, 1, dwd_pool_task, &g);
   return EX_OK;
 }
+
+#if defined(EX_AVX2) && !defined(EX_AVX512)
+int ex_depthwise_avx2(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                      const float *res, float *y) {
+  return dwd_run(p, x, w, bias, res, y);
+}
+#endif
