@@ -22,7 +22,7 @@ def _declarations():
 
 
 KERNELS = ["half.h", "elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h",
-           "conv.c", "pool.c", "normalize.c", "attention.c"]
+           "depthwise.c", "conv.c", "pool.c", "normalize.c", "attention.c"]
 
 
 def make_builder(base):

@@ -6,6 +6,7 @@
 #include "kernels/reduce.c"
 #include "kernels/gemm.c"
 #include "kernels/norm.c"
+#include "kernels/depthwise.c"
 #include "kernels/conv.c"
 #include "kernels/pool.c"
 #include "kernels/normalize.c"

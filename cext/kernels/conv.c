@@ -7,8 +7,8 @@
  *              over 1x1 directly in the GEMM's packed-B layout); a 1x1 stride-1 unpadded conv
  *              reads x itself as col.  Few output positions (7x7, 14x14) run transposed,
  *              col^T @ W^T, then a transpose with the epilogue.
- *   DEPTHWISE  groups == c == oc: a zero-padded copy of each plane; 3x3 stride 1 and 2 as one
- *              flat vector loop over the plane (see below), other kernels per output row.
+ *   DEPTHWISE  groups == c == oc: 3x3 and 5x5 at stride 1 or 2 by the direct kernel of
+ *              depthwise.c, other shapes per output row of a zero-padded copy of each plane.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
  *              (ex_winograd_weights), optionally pre-packed as GEMM A (ex_conv_pack_weights);
  *              tiles in blocks of up to WT (input transform vectorized across 8 tiles, written
@@ -248,25 +248,10 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
 }
 
 /* ---- depthwise ----
- * Each task zeroes one padded plane buffer once: the geometry is the same for every plane, so
- * only the interior is rewritten per plane and the border stays zero.  3x3 convolutions run
- * "flat": the output is computed over the padded row pitch as one long unit-stride vector loop
- * (the few extra columns per row are computed and dropped), so short rows (7, 14, 28) still fill
- * the vectors.  Stride 2 splits the padded plane into its four (row, column) parity phases, after
- * which every tap is a unit-stride read of one phase: out[oy][ox] = sum w[i][j] *
- * phase[i % 2][j % 2][oy + i / 2][ox + j / 2]. */
-#ifdef EX_AVX512
-typedef float dwv __attribute__((vector_size(64)));
-#define DVL 16
-#elif defined(EX_AVX2)
-typedef float dwv __attribute__((vector_size(32)));
-#define DVL 8
-#else
-typedef float dwv __attribute__((vector_size(16)));
-#define DVL 4
-#endif
-static inline dwv dw_ld(const float *p) { dwv v; memcpy(&v, p, sizeof v); return v; }
-
+ * 3x3 and 5x5 kernels at stride 1 or 2 (dilation 1) run the direct kernel of depthwise.c.  The
+ * other shapes run here: each task zeroes one padded plane buffer once (the geometry is the same
+ * for every plane, so only the interior is rewritten per plane and the border stays zero), then
+ * accumulates each output row over the taps. */
 typedef struct {
   const ex_conv_params *p;
   const float *x, *w, *bias, *res;
@@ -274,39 +259,14 @@ typedef struct {
   _Atomic int err;
 } dw_ctx;
 
-/* flat[f] = bias + sum_t w[t] * src[t][f + off[t]] for f in [0, n): n rounded up to vectors */
-static void dw_flat9(float *flat, int64_t n, const float *const *src, const int64_t *off,
-                     const float *wc, float bv) {
-  dwv w[9];
-  for (int t = 0; t < 9; t++) w[t] = (dwv){0} + wc[t];
-  const dwv b = (dwv){0} + bv;
-  for (int64_t f = 0; f < n; f += DVL) {
-    const dwv r0 = w[0] * dw_ld(src[0] + f + off[0]) + w[1] * dw_ld(src[1] + f + off[1]) +
-                   w[2] * dw_ld(src[2] + f + off[2]);
-    const dwv r1 = w[3] * dw_ld(src[3] + f + off[3]) + w[4] * dw_ld(src[4] + f + off[4]) +
-                   w[5] * dw_ld(src[5] + f + off[5]);
-    const dwv r2 = w[6] * dw_ld(src[6] + f + off[6]) + w[7] * dw_ld(src[7] + f + off[7]) +
-                   w[8] * dw_ld(src[8] + f + off[8]);
-    const dwv v = b + ((r0 + r1) + r2);
-    memcpy(flat + f, &v, sizeof v);
-  }
-}
-
 static void dw_task(void *vctx, int64_t q0, int64_t q1) {
   dw_ctx *g = vctx;
   const ex_conv_params *p = g->p;
   const int64_t PH = (p->oh - 1) * p->sh + (p->kh - 1) * p->dh + 1,
                 PW = (p->ow - 1) * p->sw + (p->kw - 1) * p->dw + 1;
-  const int k3 = p->kh == 3 && p->kw == 3 && p->dh == 1 && p->dw == 1;
-  const int s1 = k3 && p->sh == 1 && p->sw == 1, s2 = k3 && p->sh == 2 && p->sw == 2;
-  /* stride 2: four phases of PHh x PWh; the flat loops read up to a vector (+1 row) past n */
-  const int64_t PHh = (PH + 1) / 2, PWh = (PW + 1) / 2;
-  const int64_t pitch = s2 ? PWh : PW;
-  const int64_t nflat = ROUND_UP((p->oh - 1) * pitch + p->ow, DVL);
-  const int64_t npad = s2 ? 4 * PHh * PWh : PH * PW;
-  float *pad = calloc((size_t)(npad + nflat + 2 * pitch + 2 * DVL + p->ow), sizeof(float));
+  float *pad = calloc((size_t)(PH * PW + p->ow), sizeof(float));
   if (!pad) { g->err = EX_ENOMEM; return; }
-  float *flat = pad + npad + 2 * pitch + DVL, *acc = flat + nflat + DVL;
+  float *acc = pad + PH * PW;
   /* interior rows [r0, r1) and columns [c0, c1) of the padded plane that hold input */
   const int64_t r0 = EX_MIN(p->ph, PH), r1 = EX_MIN(PH, p->ph + p->h);
   const int64_t c0 = EX_MIN(p->pw, PW), c1 = EX_MIN(PW, p->pw + p->w);
@@ -316,42 +276,6 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
     const float bv = g->bias ? g->bias[ch] : 0.0f;
     float *yq = g->y + q * p->oh * p->ow;
     const float *rq = g->res ? g->res + q * p->oh * p->ow : NULL;
-    if (s1 || s2) {
-      const float *src[9];
-      int64_t off[9];
-      if (s1) {
-        for (int64_t r = r0; r < r1 && c1 > c0; r++)
-          memcpy(pad + r * PW + c0, xc + (r - p->ph) * p->w, (size_t)(c1 - c0) * sizeof(float));
-        for (int t = 0; t < 9; t++) { src[t] = pad; off[t] = t / 3 * PW + t % 3; }
-      } else {
-        /* padded row r, column c -> phase (r % 2, c % 2) at [r / 2][c / 2]; c0 = pw may be odd */
-        for (int64_t r = r0; r < r1 && c1 > c0; r++) {
-          float *ph0 = pad + ((r & 1) * 2 * PHh + r / 2) * PWh, *ph1 = ph0 + PHh * PWh;
-          const float *s = xc + (r - p->ph) * p->w;
-          if (c0 & 1) dw_deint(s, c1 - c0, ph1 + c0 / 2, ph0 + c0 / 2 + 1);
-          else dw_deint(s, c1 - c0, ph0 + c0 / 2, ph1 + c0 / 2);
-        }
-        for (int t = 0; t < 9; t++) {
-          const int i = t / 3, j = t % 3;
-          src[t] = pad + ((i & 1) * 2 + (j & 1)) * PHh * PWh;
-          off[t] = i / 2 * PWh + j / 2;
-        }
-      }
-      dw_flat9(flat, (p->oh - 1) * pitch + p->ow, src, off, wc, bv);
-      if (!rq && p->act != EX_ACT_NONE) act_row(p->act, flat, (p->oh - 1) * pitch + p->ow);
-      for (int64_t oy = 0; oy < p->oh; oy++) {
-        float *yr = yq + oy * p->ow;
-        const float *fr = flat + oy * pitch;
-        if (rq) {
-          const float *rr = rq + oy * p->ow;
-          for (int64_t ox = 0; ox < p->ow; ox++) yr[ox] = fr[ox] + rr[ox];
-          act_row(p->act, yr, p->ow);
-        } else {
-          memcpy(yr, fr, (size_t)p->ow * sizeof(float));
-        }
-      }
-      continue;
-    }
     for (int64_t r = r0; r < r1 && c1 > c0; r++)
       memcpy(pad + r * PW + c0, xc + (r - p->ph) * p->w, (size_t)(c1 - c0) * sizeof(float));
     for (int64_t oy = 0; oy < p->oh; oy++) {
@@ -382,6 +306,7 @@ static void dw_task(void *vctx, int64_t q0, int64_t q1) {
 
 static int conv_depthwise(const ex_conv_params *p, const float *x, const float *w,
                           const float *bias, const float *res, float *y) {
+  if (dwd_ok(p)) return dwd_run(p, x, w, bias, res, y); /* depthwise.c */
   dw_ctx g = {p, x, w, bias, res, y, 0};
   const int64_t per = p->oh * p->ow * p->kh * p->kw;
   ex_parallel_for(p->n * p->c, EX_MAX(1, 32768 / EX_MAX(per, 1)), dw_task, &g);

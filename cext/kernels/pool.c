@@ -158,13 +158,16 @@ static void apool_task(void *vctx, int64_t q0, int64_t q1) {
       for (int64_t ox = 0; ox < g->ow; ox++) {
         const int64_t xs = ox * g->w / g->ow, xe = ((ox + 1) * g->w + g->ow - 1) / g->ow;
         float r = g->kind == EX_POOL_MAX ? -INFINITY : 0.0f;
-        for (int64_t iy = ys; iy < ye; iy++) {
-          const float *row = x + iy * g->w;
-          if (g->kind == EX_POOL_MAX)
-            for (int64_t ix = xs; ix < xe; ix++) r = nan_max(r, row[ix]);
-          else
-            r += sum_f32(row + xs, xe - xs);
-        }
+        if (g->kind != EX_POOL_MAX && xe - xs == g->w) /* whole rows: one contiguous sum */
+          r = sum_f32(x + ys * g->w, (ye - ys) * g->w);
+        else
+          for (int64_t iy = ys; iy < ye; iy++) {
+            const float *row = x + iy * g->w;
+            if (g->kind == EX_POOL_MAX)
+              for (int64_t ix = xs; ix < xe; ix++) r = nan_max(r, row[ix]);
+            else
+              r += sum_f32(row + xs, xe - xs);
+          }
         y[oy * g->ow + ox] = g->kind == EX_POOL_MAX ? r : r / (float)((ye - ys) * (xe - xs));
       }
     }

@@ -1,0 +1,371 @@
+/* Direct depthwise convolution (one channel per group, NCHW float32) for 3x3 and 5x5 kernels,
+ * stride 1 or 2, dilation 1, any padding: conv_depthwise (conv.c) calls dwd_run for those and
+ * keeps its padded-plane loop for everything else; the reference is the same definition.
+ *
+ * Outputs are computed DWD_VL at a time along a row with the kernel's weights held in
+ * registers: each tap is one unaligned load of an input row (stride 2: two loads split into even
+ * and odd columns), so nothing is copied or padded.  Stride 1 computes two output rows per pass
+ * (K + 1 input rows, each load feeding two FMAs).  Column chunks that read only inside the rows
+ * run in a tight loop, rows outer; chunks over the left/right padding or the row's tail use
+ * masked loads (zero outside the row, masks computed once per chunk), and taps on the rows of
+ * the top/bottom padding are skipped.  Bias starts the sum; the residual and ReLU/ReLU6 are
+ * applied in registers before the store (other activations over the finished row).  Threads
+ * claim whole planes, or strips of rows of large planes, as they go; small layers stay on the
+ * calling thread. */
+#include <stdatomic.h>
+
+#ifdef EX_AVX512
+typedef float dwd_v __attribute__((vector_size(64)));
+#define DWD_VL 16
+#elif defined(EX_AVX2)
+typedef float dwd_v __attribute__((vector_size(32)));
+#define DWD_VL 8
+#else
+typedef float dwd_v __attribute__((vector_size(16)));
+#define DWD_VL 4
+#endif
+#define DWD_MAXK 5
+#define DWD_INLINE static inline __attribute__((always_inline))
+
+DWD_INLINE dwd_v dwd_ld(const float *p) { dwd_v v; memcpy(&v, p, sizeof v); return v; }
+DWD_INLINE void dwd_st(float *p, dwd_v v) { memcpy(p, &v, sizeof v); }
+
+/* A lane mask (dwd_m) and the masked load / store: the masked-out lanes' addresses are never
+ * read or written (the hardware suppresses their faults), so a masked load may start before
+ * or run past the row. */
+#ifdef EX_AVX512
+typedef __mmask16 dwd_m;
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) { /* lanes [lo, hi) */
+  lo = EX_MAX(lo, 0);
+  hi = EX_MIN(hi, DWD_VL);
+  return lo < hi ? (dwd_m)((0xffffu >> (16 - (hi - lo))) << lo) : 0;
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) { return _mm512_maskz_loadu_ps(m, p); }
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) { _mm512_mask_storeu_ps(p, m, v); }
+#elif defined(EX_AVX2)
+typedef __m256i dwd_m;
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) {
+  lo = EX_MAX(EX_MIN(lo, DWD_VL), 0);
+  hi = EX_MAX(EX_MIN(hi, DWD_VL), 0);
+  const __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), l),
+                             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), l));
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) { return _mm256_maskload_ps(p, m); }
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) { _mm256_maskstore_ps(p, m, v); }
+#else
+typedef unsigned dwd_m; /* lane bits */
+DWD_INLINE dwd_m dwd_mask(int64_t lo, int64_t hi) {
+  dwd_m m = 0;
+  for (int64_t l = EX_MAX(lo, 0); l < EX_MIN(hi, DWD_VL); l++) m |= 1u << l;
+  return m;
+}
+DWD_INLINE dwd_v dwd_ldk(const float *p, dwd_m m) {
+  static const float zero = 0.0f;
+  dwd_v v;
+  for (int l = 0; l < DWD_VL; l++) v[l] = *(m >> l & 1 ? p + l : &zero); /* no branch */
+  return v;
+}
+DWD_INLINE void dwd_stk(float *p, dwd_v v, dwd_m m) {
+  for (int l = 0; l < DWD_VL; l++)
+    if (m >> l & 1) p[l] = v[l];
+}
+#endif
+
+DWD_INLINE dwd_v dwd_fma(dwd_v a, dwd_v b, dwd_v c) {
+#ifdef EX_AVX512
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(EX_AVX2)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+/* the even- and odd-indexed elements of the 2 DWD_VL values a, b */
+DWD_INLINE void dwd_split(dwd_v a, dwd_v b, dwd_v *ev, dwd_v *od) {
+#ifdef EX_AVX512
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  *ev = _mm512_permutex2var_ps(a, ie, b);
+  *od = _mm512_permutex2var_ps(a, io, b);
+#elif defined(EX_AVX2)
+  /* within 128-bit lanes, then fix the lane order */
+  const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+  *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8));
+  *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8));
+#else
+  *ev = (dwd_v){a[0], a[2], b[0], b[2]};
+  *od = (dwd_v){a[1], a[3], b[1], b[3]};
+#endif
+}
+
+/* ReLU (6: ReLU6) as act_row does it: NaN passes through */
+DWD_INLINE dwd_v dwd_clamp(dwd_v v, int six) {
+#ifdef EX_AVX512
+  v = _mm512_max_ps(_mm512_setzero_ps(), v);
+  if (six) v = _mm512_min_ps(_mm512_set1_ps(6.0f), v);
+  return v;
+#elif defined(EX_AVX2)
+  v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  if (six) v = _mm256_min_ps(_mm256_set1_ps(6.0f), v);
+  return v;
+#else /* lane selects by comparison masks: a branch per lane mispredicts on real data */
+  typedef int32_t dwd_vi __attribute__((vector_size(sizeof(dwd_v))));
+  v = (dwd_v)((dwd_vi)v & ~(v < (dwd_v){0}));
+  if (six) {
+    const dwd_vi hi = v > ((dwd_v){0} + 6.0f);
+    v = (dwd_v)(((dwd_vi)v & ~hi) | ((dwd_vi)((dwd_v){0} + 6.0f) & hi));
+  }
+  return v;
+#endif
+}
+
+/* bias + sum over taps of w[i][j] * row i at column c0 + S * lane + j, for the rows that exist
+ * (rp[i] points at column c0 of row i, or is NULL: a padding row).  m: NULL when every column
+ * read is inside the row, else the masks of the loads at offsets 0..K-1 and DWD_VL..DWD_VL+K-1
+ * (the columns inside it). */
+DWD_INLINE dwd_v dwd_chunk(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m,
+                           const int K, const int S) {
+  dwd_v acc[DWD_MAXK];
+  for (int i = 0; i < K; i++) acc[i] = (dwd_v){0};
+  acc[0] = bias;
+#define DWD_LD(r, o) (m ? dwd_ldk((r) + (o), m[(o) < K ? (o) : K + (o) - DWD_VL]) : dwd_ld((r) + (o)))
+#pragma GCC unroll 5
+  for (int i = 0; i < K; i++) { /* one accumulator per kernel row: independent FMA chains */
+    const float *r = rp[i];
+    if (!r) continue;
+    if (S == 1) {
+#pragma GCC unroll 5
+      for (int j = 0; j < K; j++) acc[i] = dwd_fma(wv[i * K + j], DWD_LD(r, j), acc[i]);
+    } else {
+#pragma GCC unroll 3
+      for (int j = 0; j < K; j += 2) {
+        dwd_v ev, od;
+        dwd_split(DWD_LD(r, j), DWD_LD(r, j + DWD_VL), &ev, &od);
+        acc[i] = dwd_fma(wv[i * K + j], ev, acc[i]);
+        if (j + 1 < K) acc[i] = dwd_fma(wv[i * K + j + 1], od, acc[i]);
+      }
+    }
+  }
+#undef DWD_LD
+  for (int i = 1; i < K; i++) acc[0] += acc[i];
+  return acc[0];
+}
+
+/* stride 1, two output rows at once: rp[0..K] are K + 1 input rows; row r feeds the first
+ * output row with kernel row r and the second with kernel row r - 1, so each load serves two
+ * FMAs.  Two accumulators per output row keep the FMA chains independent. */
+DWD_INLINE void dwd_chunk2(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m,
+                           const int K, dwd_v *out0, dwd_v *out1) {
+  dwd_v a[2] = {bias, (dwd_v){0}}, b[2] = {bias, (dwd_v){0}};
+#pragma GCC unroll 6
+  for (int r = 0; r <= K; r++) {
+    const float *x = rp[r];
+    if (!x) continue;
+#pragma GCC unroll 5
+    for (int j = 0; j < K; j++) {
+      const dwd_v v = m ? dwd_ldk(x + j, m[j]) : dwd_ld(x + j);
+      if (r < K) a[r & 1] = dwd_fma(wv[r * K + j], v, a[r & 1]);
+      if (r > 0) b[r & 1] = dwd_fma(wv[(r - 1) * K + j], v, b[r & 1]);
+    }
+  }
+  *out0 = a[0] + a[1];
+  *out1 = b[0] + b[1];
+}
+
+/* residual, ReLU/ReLU6, then the store of the first n lanes (sm: their mask) */
+DWD_INLINE void dwd_out(float *y, const float *r, dwd_v acc, int64_t n, dwd_m sm, int clamp,
+                        int six) {
+  if (n == DWD_VL) {
+    if (r) acc += dwd_ld(r);
+    if (clamp) acc = dwd_clamp(acc, six);
+    dwd_st(y, acc);
+  } else {
+    if (r) acc += dwd_ldk(r, sm);
+    if (clamp) acc = dwd_clamp(acc, six);
+    dwd_stk(y, acc, sm);
+  }
+}
+
+typedef struct {
+  const ex_conv_params *p;
+  const float *x, *w, *bias, *res;
+  float *y;
+  int64_t nstrip, rows; /* strips per plane, output rows per strip */
+  int64_t units, claim; /* plane strips in all, taken `claim` at a time */
+  _Atomic int64_t next; /* the next unclaimed strip */
+  void (*fn)(void *, int64_t, int64_t); /* the task for this kernel size and stride */
+} dwd_ctx;
+
+/* input rows oy * S - ph + i, i in [0, nr), of plane xq, offset by column c (NULL: padding) */
+DWD_INLINE void dwd_row_ptrs(const ex_conv_params *p, const float *xq, int64_t oy, int64_t c,
+                             int nr, const int S, const float **rp) {
+  for (int i = 0; i < nr; i++) {
+    const int64_t iy = oy * S - p->ph + i;
+    rp[i] = iy >= 0 && iy < p->h ? xq + iy * p->w + c : NULL;
+  }
+}
+
+/* prefetch the input rows [r0, r0 + nr) of plane xq that exist */
+DWD_INLINE void dwd_prefetch(const ex_conv_params *p, const float *xq, int64_t r0, int nr) {
+  for (int64_t r = EX_MAX(r0, 0); r < EX_MIN(r0 + nr, p->h); r++)
+    for (int64_t c = 0; c < p->w; c += 16) __builtin_prefetch(xq + r * p->w + c, 0, 3);
+}
+
+/* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
+ * rows outer, chunks inner (nothing but loads, FMAs and stores); the edge chunks run one chunk
+ * at a time down the rows, with their load masks computed once. */
+
+DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, const int K,
+                         const int S) {
+  const ex_conv_params *p = g->p;
+  const int64_t ch = q % p->c, w = p->w, ow = p->ow, pw = p->pw, span = S * DWD_VL + K - 1;
+  const float *xq = g->x + q * p->h * w, *wc = g->w + ch * K * K;
+  float *const y = g->y + q * p->oh * ow;
+  const float *const res = g->res ? g->res + q * p->oh * ow : NULL;
+  dwd_v wv[DWD_MAXK * DWD_MAXK];
+  for (int t = 0; t < K * K; t++) wv[t] = (dwd_v){0} + wc[t];
+  const dwd_v bv = (dwd_v){0} + (g->bias ? g->bias[ch] : 0.0f);
+  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6, six = p->act == EX_ACT_RELU6;
+  const dwd_m full = dwd_mask(0, DWD_VL);
+  /* fast chunks: [xa, xb) */
+  int64_t xa = 0, xb;
+  while (xa < ow && xa * S - pw < 0) xa += DWD_VL;
+  for (xb = xa; xb + DWD_VL <= ow && xb * S - pw + span <= w;) xb += DWD_VL;
+  if (xb > xa) {
+    int64_t oy = oy0;
+    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
+      const float *rp[DWD_MAXK + 1], *r[DWD_MAXK + 1];
+      dwd_row_ptrs(p, xq, oy, -pw, K + 1, S, rp);
+      float *y0 = y + oy * ow, *y1 = y0 + ow;
+      const float *r0 = res ? res + oy * ow : NULL, *r1 = res ? r0 + ow : NULL;
+      for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
+        for (int i = 0; i <= K; i++) r[i] = rp[i] ? rp[i] + ox : NULL;
+        dwd_v a0, a1;
+        dwd_chunk2(r, wv, bv, NULL, K, &a0, &a1);
+        dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
+        dwd_out(y1 + ox, r1 ? r1 + ox : NULL, a1, DWD_VL, full, clamp, six);
+      }
+    }
+    for (; oy < oy1; oy++) {
+      const float *rp[DWD_MAXK], *r[DWD_MAXK];
+      dwd_row_ptrs(p, xq, oy, -pw, K, S, rp);
+      /* stride 2 streams through twice the input per output: fetch two output rows ahead */
+      if (S == 2) dwd_prefetch(p, xq, oy * S - p->ph + K + S, S);
+      float *y0 = y + oy * ow;
+      const float *r0 = res ? res + oy * ow : NULL;
+      for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
+        for (int i = 0; i < K; i++) r[i] = rp[i] ? rp[i] + ox * S : NULL;
+        const dwd_v a0 = dwd_chunk(r, wv, bv, NULL, K, S);
+        dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
+      }
+    }
+  }
+  for (int64_t ox = 0; ox < ow; ox += DWD_VL) {
+    if (ox == xa && xb > xa) ox = xb;
+    if (ox >= ow) break;
+    const int64_t n = EX_MIN(DWD_VL, ow - ox), c0 = ox * S - pw;
+    const dwd_m sm = dwd_mask(0, n);
+    dwd_m m[2 * DWD_MAXK];
+    for (int o = 0; o < K; o++) {
+      m[o] = dwd_mask(-(c0 + o), w - (c0 + o));
+      m[K + o] = dwd_mask(-(c0 + o + DWD_VL), w - (c0 + o + DWD_VL));
+    }
+    int64_t oy = oy0;
+    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
+      const float *rp[DWD_MAXK + 1];
+      dwd_row_ptrs(p, xq, oy, c0, K + 1, S, rp);
+      const int64_t yo = oy * ow + ox;
+      dwd_v a0, a1;
+      dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
+      dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
+      dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
+    }
+    for (; oy < oy1; oy++) {
+      const float *rp[DWD_MAXK];
+      dwd_row_ptrs(p, xq, oy, c0, K, S, rp);
+      const int64_t yo = oy * ow + ox;
+      dwd_out(y + yo, res ? res + yo : NULL, dwd_chunk(rp, wv, bv, m, K, S), n, sm, clamp, six);
+    }
+  }
+  if (!clamp && p->act != EX_ACT_NONE)
+    for (int64_t oy = oy0; oy < oy1; oy++) act_row(p->act, y + oy * ow, ow);
+}
+
+/* Strips [u0, u1) of the plane/strip sequence; a pool task (u1 < 0) instead claims `claim`
+ * strips at a time from g->next until none are left, so a thread the system preempts holds up
+ * at most the strips it has claimed, while the others take the rest. */
+#define DWD_TASK(K, S)                                                                 \
+  static void dwd_task_##K##S(void *vctx, int64_t u0, int64_t u1) {                    \
+    dwd_ctx *g = vctx;                                                                 \
+    const int pool = u1 < 0;                                                           \
+    for (;;) {                                                                         \
+      if (pool) {                                                                      \
+        u0 = atomic_fetch_add(&g->next, g->claim);                                     \
+        if (u0 >= g->units) return;                                                    \
+        u1 = EX_MIN(u0 + g->claim, g->units);                                          \
+      }                                                                                \
+      for (int64_t u = u0; u < u1; u++) {                                              \
+        const int64_t oy0 = u % g->nstrip * g->rows;                                   \
+        dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->p->oh), K, S);        \
+      }                                                                                \
+      if (!pool) return;                                                               \
+    }                                                                                  \
+  }
+DWD_TASK(3, 1)
+DWD_TASK(3, 2)
+DWD_TASK(5, 1)
+DWD_TASK(5, 2)
+#undef DWD_TASK
+
+/* the pool's entry: every thread claims strips (see DWD_TASK) */
+static void dwd_pool_task(void *vctx, int64_t t0, int64_t t1) { ((dwd_ctx *)vctx)->fn(vctx, 0, -1); }
+
+static int dwd_ok(const ex_conv_params *p) {
+  return p->kh == p->kw && (p->kh == 3 || p->kh == 5) && p->sh == p->sw && p->sh <= 2 &&
+         p->dh == 1 && p->dw == 1;
+}
+
+/* Work below DWD_SERIAL multiply-adds stays on the calling thread: waking the pool and sharing
+ * the caches costs more than it saves.  Above it, threads claim about DWD_GRAIN multiply-adds
+ * at a time: whole planes when they are small, else strips of (an even number of) rows. */
+#define DWD_SERIAL 200000
+#define DWD_GRAIN 16384
+
+/* Rows of at most 8 outputs fill under half of a 16-lane vector: the AVX-512 variant hands them
+ * to the AVX2 variant's kernel (8 lanes, the same CPU), which is about a quarter faster there. */
+int ex_depthwise_avx2(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                      const float *res, float *y);
+
+static int dwd_run(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                   const float *res, float *y) {
+#ifdef EX_AVX512
+  if (p->ow <= 8) return ex_depthwise_avx2(p, x, w, bias, res, y);
+#endif
+  const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
+  const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
+  void (*fn)(void *, int64_t, int64_t) = p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32)
+                                                    : (p->sh == 1 ? dwd_task_51 : dwd_task_52);
+  dwd_ctx g = {p, x, w, bias, res, y, 1, p->oh, planes, 1, 0, fn};
+  if (nt == 1 || total < DWD_SERIAL) {
+    fn(&g, 0, planes);
+    return EX_OK;
+  }
+  if (p->oh * per_row > 2 * DWD_GRAIN) { /* large planes: strips of rows */
+    g.rows = EX_MIN(p->oh, ROUND_UP(EX_MAX(1, DWD_GRAIN / EX_MAX(per_row, 1)), 2));
+    g.nstrip = (p->oh + g.rows - 1) / g.rows;
+    g.units = planes * g.nstrip;
+  } else {
+    g.claim = EX_MAX(1, DWD_GRAIN / EX_MAX(p->oh * per_row, 1));
+  }
+  ex_parallel_for(nt, 1, dwd_pool_task, &g);
+  return EX_OK;
+}
+
+#if defined(EX_AVX2) && !defined(EX_AVX512)
+int ex_depthwise_avx2(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                      const float *res, float *y) {
+  return dwd_run(p, x, w, bias, res, y);
+}
+#endif
