@@ -156,15 +156,29 @@ static void pack_b(int64_t kc, int64_t nc, const void *b, int32_t dt, int64_t of
 
 /* C[0:MR, 0:NR] (row stride ldc) = or += packed A panel x packed B panel */
 #if defined(EX_AVX512)
-static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
+/* The tile's epilogue as the AVX-512 micro-kernel applies it in registers, before the store:
+ * bias per row (rb) or per column (cb), residual rows, ReLU / ReLU6.  Other activations are
+ * applied by epi_tile after the store. */
+typedef struct {
+  const float *rb, *cb, *res; /* at the tile's first row / column, or NULL */
+  int64_t res_ld;
+  int act;
+} uk_epi;
+
+/* the first `rows` rows of the tile (rows <= MR; a is still an MR-row panel); e: NULL, or the
+ * epilogue (last K block only) */
+static inline __attribute__((always_inline)) void uk_body(const int rows, int64_t kc, const float *a,
+                                                           const float *b, float *c, int64_t ldc,
+                                                           int acc, const uk_epi *e) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
+  for (int i = 0; i < rows; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
   for (int64_t p = 0; p < kc; p++) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16); /* pre-packed B may be unaligned */
     _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
+    _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
 #pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
       const __m512 av = _mm512_set1_ps(a[i]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
       c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
@@ -172,15 +186,70 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
     a += MR;
     b += NR;
   }
+  __m512 cb0 = _mm512_setzero_ps(), cb1 = cb0;
+  if (e && e->cb) { cb0 = _mm512_loadu_ps(e->cb); cb1 = _mm512_loadu_ps(e->cb + 16); }
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
 #pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) {
+  for (int i = 0; i < rows; i++) {
     if (acc) {
       c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(c + i * ldc));
       c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(c + i * ldc + 16));
     }
+    if (e) {
+      if (e->rb) {
+        const __m512 bv = _mm512_set1_ps(e->rb[i]);
+        c0[i] = _mm512_add_ps(c0[i], bv);
+        c1[i] = _mm512_add_ps(c1[i], bv);
+      }
+      if (e->cb) { c0[i] = _mm512_add_ps(c0[i], cb0); c1[i] = _mm512_add_ps(c1[i], cb1); }
+      if (e->res) {
+        c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(e->res + i * e->res_ld));
+        c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(e->res + i * e->res_ld + 16));
+      }
+      if (e->act == EX_ACT_RELU || e->act == EX_ACT_RELU6) {
+        c0[i] = _mm512_max_ps(c0[i], zero);
+        c1[i] = _mm512_max_ps(c1[i], zero);
+      }
+      if (e->act == EX_ACT_RELU6) { c0[i] = _mm512_min_ps(c0[i], six); c1[i] = _mm512_min_ps(c1[i], six); }
+    }
     _mm512_storeu_ps(c + i * ldc, c0[i]);
     _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
   }
+}
+
+static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
+  uk_body(MR, kc, a, b, c, ldc, acc, NULL);
+}
+
+/* one instance per row count: a partial panel (m not a multiple of MR) computes only its rows */
+typedef void (*uk_fn)(int64_t, const float *, const float *, float *, int64_t, int, const uk_epi *);
+#define UK_ROWS(R)                                                                              \
+  static void uk_rows##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,   \
+                         int acc, const uk_epi *e) { uk_body(R, kc, a, b, c, ldc, acc, e); }
+UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
+UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
+#undef UK_ROWS
+static const uk_fn UK_TAB[MR + 1] = {NULL, uk_rows1, uk_rows2, uk_rows3, uk_rows4, uk_rows5,
+                                     uk_rows6, uk_rows7, uk_rows8, uk_rows9, uk_rows10, uk_rows11,
+                                     uk_rows12, uk_rows13, uk_rows14};
+
+/* a full-width tile of mr rows straight into C, with the epilogue in registers when it is one
+ * the kernel knows (the caller then skips epi_tile); 0 if it must go the generic way */
+static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t kc,
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
+  uk_epi e = {NULL, NULL, NULL, 0, EX_ACT_NONE};
+  const int reg = ep->act == EX_ACT_NONE || ep->act == EX_ACT_RELU || ep->act == EX_ACT_RELU6;
+  *fused = 0;
+  if (last && reg && (ep->bias || ep->res || ep->act != EX_ACT_NONE)) {
+    e.rb = ep->bias && ep->bias_rows ? ep->bias + i0 : NULL;
+    e.cb = ep->bias && !ep->bias_rows ? ep->bias + j0 : NULL;
+    e.res = ep->res ? ep->res + i0 * ep->res_ld + j0 : NULL;
+    e.res_ld = ep->res_ld;
+    e.act = ep->act;
+    *fused = 1;
+  }
+  UK_TAB[mr](kc, a, b, c, ldc, acc, *fused ? &e : NULL);
+  return 1;
 }
 #elif defined(EX_AVX2)
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
@@ -235,6 +304,16 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
       memcpy(c + i * ldc + h, &t[i], sizeof cv);
     }
   }
+}
+#endif
+
+#if !defined(EX_AVX512)
+static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t kc,
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
+  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)kc; (void)a; (void)b; (void)c;
+  (void)ldc; (void)acc;
+  *fused = 0;
+  return 0;
 }
 #endif
 
@@ -298,7 +377,9 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 __builtin_prefetch(rr, 0, 3);
                 __builtin_prefetch(rr + nr - 1, 0, 3);
               }
-            if (mr == MR && nr == NR) {
+            int fused = 0;
+            if (nr == NR && uk_tile(g->ep, last, ic + ir, jc + jr, mr, kc, pa, pb, c, ldc, pc > 0, &fused)) {
+            } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
             } else { /* partial tile through a buffer */
               ukernel(kc, pa, pb, edge, NR, 0);
@@ -306,7 +387,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = pc > 0 ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
             }
-            if (last) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
+            if (last && !fused) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
           }
         }
       }
