@@ -15,7 +15,8 @@
  *              straight in packed-B form), 36 GEMMs per block, output transform + epilogue.
  *              Blocks run on the pool (each block single-threaded) when there are at least two
  *              per thread; otherwise each block is shared by the pool in three phases (input
- *              transform by channel, the 36 GEMMs in halves, output transform by channel). */
+ *              transform by channel, the 36 GEMMs in halves, output transform by channel).
+ *   WINOGRAD2  F(2x2, 3x3) for small planes (14x14), the GEMMs transposed (see below). */
 #include "common.h"
 
 typedef float cv8 __attribute__((vector_size(32)));
@@ -727,7 +728,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
       p->groups != 1)
     return EX_EINVAL;
   wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0,
-              packed_a_for(p->wpack, p->oc, p->c) ? p->wpack : NULL, 0, 0};
+              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[5] == 36 ? p->wpack : NULL, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
   /* each of the 36 GEMMs streams its slice of V and M once: favour wide N (up to WT tiles).
@@ -772,6 +773,147 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   } else {
     ex_parallel_for(nblk, 1, wg_task, &g);
   }
+  sc_give(SC_WG_X, xp);
+  return g.err;
+}
+
+/* ---- Winograd F(2x2, 3x3) ----
+ * On small planes (the 14x14 stage) F(4x4) wastes much of its tiles (4 x 4 tiles of 4 cover
+ * 16 x 16) and leaves its 36 GEMMs 16 columns; F(2x2) tiles 14 x 14 exactly with 49 tiles, 16
+ * GEMMs of 4 multiplies per output.  The GEMMs run transposed, M[x][t][o] = V[x][t][c] @
+ * U[x][c][o], so the tiles fill the micro-kernel's MR rows (49 of 56) and the output channels its
+ * NR columns.  V is written straight in packed-A form; U[16][oc][c] (from the planner) is packed
+ * as B once (ex_conv_pack_weights, marked 16 in the header so F(4x4) never takes it).  Per block
+ * of tiles, three phases on the pool: input transform by channel, the 16 GEMMs, output
+ * transform + epilogue by output channel. */
+typedef struct {
+  const ex_conv_params *p;
+  const float *u, *upk, *bias, *res; /* upk: NULL, or U packed as 16 B matrices */
+  float *y;
+  const float *xp;                   /* the input zero-padded to xph x xpw per plane */
+  int64_t xph, xpw, tw, T;           /* tiles per row, per image */
+  int64_t t0, nt, mp;                /* this block: tiles [t0, t0 + nt), mp = nt rounded to MR */
+  int64_t vx, mx;                    /* floats per point of V and M */
+  float *V, *M;                      /* V[16][vx]: mp x c packed A, M[16][mx]: nt x oc */
+  _Atomic int err;
+} w2_ctx;
+
+/* V = B^T d B of each 4x4 input tile, channels [c0, c1) */
+static void w2_in(void *vctx, int64_t c0, int64_t c1) {
+  const w2_ctx *g = vctx;
+  const int64_t C = g->p->c, ks = kc_step(C), vx = g->vx, W = g->xpw;
+  for (int64_t c = c0; c < c1; c++) {
+    const int64_t pc = c / ks * ks, kc = EX_MIN(ks, C - pc);
+    float *vc = g->V + pc * g->mp + (c - pc) * MR; /* row j at vc + j / MR * MR * kc + j % MR */
+    for (int64_t j = 0; j < g->mp; j++) {
+      float *v = vc + j / MR * MR * kc + j % MR;
+      if (j >= g->nt) { /* the panel's rows past the last tile */
+        for (int x = 0; x < 16; x++) v[x * vx] = 0.0f;
+        continue;
+      }
+      const int64_t t = g->t0 + j, b = t / g->T, tt = t % g->T;
+      const float *s = g->xp + ((b * C + c) * g->xph + tt / g->tw * 2) * W + tt % g->tw * 2;
+      float h[4][4];
+      for (int q = 0; q < 4; q++) { /* columns: B^T d */
+        const float d0 = s[q], d1 = s[W + q], d2 = s[2 * W + q], d3 = s[3 * W + q];
+        h[0][q] = d0 - d2;
+        h[1][q] = d1 + d2;
+        h[2][q] = d2 - d1;
+        h[3][q] = d1 - d3;
+      }
+      for (int r = 0; r < 4; r++) { /* rows: (B^T d) B */
+        v[(4 * r + 0) * vx] = h[r][0] - h[r][2];
+        v[(4 * r + 1) * vx] = h[r][1] + h[r][2];
+        v[(4 * r + 2) * vx] = h[r][2] - h[r][1];
+        v[(4 * r + 3) * vx] = h[r][1] - h[r][3];
+      }
+    }
+  }
+}
+
+/* the GEMMs of transform points [x0, x1), each on one thread */
+static void w2_gemm(void *vctx, int64_t x0, int64_t x1) {
+  w2_ctx *g = vctx;
+  const int64_t C = g->p->c, O = g->p->oc;
+  for (int64_t x = x0; x < x1; x++) {
+    const float *bpk = g->upk ? g->upk + x * packed_b_floats(C, O) + PACK_HDR : NULL;
+    /* B = U[x] as [c][o]: element (c, o) at o * C + c */
+    sg_ctx sg = {NULL, g->u + x * O * C, EX_F32, g->M + x * g->mx, 0, 0, 1, C, O, g->nt, O, C, &EPI_NONE,
+                 g->V + x * g->vx, bpk, 1, 1, MR, NULL, 0, 0, 0, 0};
+    const int err = sgemm_range(&sg, 0, g->nt, 0, O);
+    if (err) g->err = err;
+  }
+}
+
+/* y = A^T m A of each tile, + bias (+ residual), activation; output channels [o0, o1) */
+static void w2_out(void *vctx, int64_t o0, int64_t o1) {
+  const w2_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t O = p->oc, mx = g->mx, OHW = p->oh * p->ow;
+  for (int64_t j = 0; j < g->nt; j++) {
+    const int64_t t = g->t0 + j, b = t / g->T, tt = t % g->T, oy = tt / g->tw * 2, ox = tt % g->tw * 2;
+    const int64_t ny = EX_MIN(2, p->oh - oy), nx = EX_MIN(2, p->ow - ox);
+    const float *m = g->M + j * O;
+    for (int64_t o = o0; o < o1; o++) {
+      float r0[4], r1[4];
+      for (int q = 0; q < 4; q++) { /* columns: A^T m */
+        const float m0 = m[q * mx + o], m1 = m[(4 + q) * mx + o], m2 = m[(8 + q) * mx + o],
+                    m3 = m[(12 + q) * mx + o];
+        r0[q] = m0 + m1 + m2;
+        r1[q] = m1 - m2 - m3;
+      }
+      const float bv = g->bias ? g->bias[o] : 0.0f;
+      float out[4] = {r0[0] + r0[1] + r0[2] + bv, r0[1] - r0[2] - r0[3] + bv, r1[0] + r1[1] + r1[2] + bv,
+                      r1[1] - r1[2] - r1[3] + bv};
+      const int64_t off = (b * O + o) * OHW + oy * p->ow + ox;
+      for (int64_t r = 0; r < ny; r++)
+        for (int64_t q = 0; q < nx; q++) {
+          float v = out[2 * r + q];
+          if (g->res) v += g->res[off + r * p->ow + q];
+          g->y[off + r * p->ow + q] = act_f(p->act, v);
+        }
+    }
+  }
+}
+
+static int conv_winograd2(const ex_conv_params *p, const float *x, const float *u,
+                          const float *bias, const float *res, float *y) {
+  if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
+      p->groups != 1)
+    return EX_EINVAL;
+  const int64_t C = p->c, O = p->oc, tw = (p->ow + 1) / 2, th = (p->oh + 1) / 2, total = tw * th * p->n;
+  const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[5] == 16 ? p->wpack : NULL;
+  w2_ctx g = {p, u, upk, bias, res, y, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
+  /* the zero-padded input: every tile reads in bounds */
+  const size_t nxp = (size_t)(p->n * C * g.xph * g.xpw);
+  float *xp = sc_take(SC_WG_X, nxp);
+  if (!xp) return EX_ENOMEM;
+  memset(xp, 0, nxp * sizeof(float));
+  const int64_t ncopy = EX_MAX(0, EX_MIN(p->w, g.xpw - p->pw));
+  for (int64_t q = 0; q < p->n * C; q++)
+    for (int64_t iy = 0; iy < p->h && iy + p->ph < g.xph; iy++)
+      memcpy(xp + (q * g.xph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
+             (size_t)ncopy * sizeof(float));
+  g.xp = xp;
+  /* blocks of up to about 128 tiles, balanced, whole MR panels */
+  const int64_t nblk = (total + 127) / 128, tb = EX_MIN(total, ROUND_UP((total + nblk - 1) / nblk, MR));
+  /* each point's matrix 32 floats past a multiple of its size: the 16 streams of a transform
+   * would otherwise often sit 4 KB apart, on the same L1 sets */
+  g.vx = ROUND_UP(ROUND_UP(tb, MR) * C, 64) + 32;
+  g.mx = ROUND_UP(tb * O, 64) + 32;
+  float *V = sc_take(SC_WG_V, (size_t)(16 * (g.vx + g.mx)));
+  if (!V) { sc_give(SC_WG_X, xp); return EX_ENOMEM; }
+  g.V = V;
+  g.M = V + 16 * g.vx;
+  for (int64_t t0 = 0; t0 < total && !g.err; t0 += tb) {
+    g.t0 = t0;
+    g.nt = EX_MIN(tb, total - t0);
+    g.mp = ROUND_UP(g.nt, MR);
+    ex_parallel_for(C, EX_MAX(1, 1024 / g.nt), w2_in, &g);
+    ex_parallel_for(16, 1, w2_gemm, &g);
+    ex_parallel_for(O, EX_MAX(1, 1024 / g.nt), w2_out, &g);
+  }
+  sc_give(SC_WG_V, V);
   sc_give(SC_WG_X, xp);
   return g.err;
 }
@@ -837,6 +979,7 @@ static int conv_transpose2d(const ex_conv_params *p, const float *x, const float
 static int64_t conv_packed_size(const ex_conv_params *p) {
   if (conv_check(p)) return 0;
   if (p->algo == EX_CONV_WINOGRAD) return 36 * packed_a_floats(p->oc, p->c);
+  if (p->algo == EX_CONV_WINOGRAD2) return 16 * packed_b_floats(p->c, p->oc);
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
   return p->groups * (conv_tr(p) ? packed_b_floats(K, ocg) : packed_a_floats(ocg, K));
 }
@@ -848,6 +991,13 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   if (p->algo == EX_CONV_WINOGRAD) { /* w: U[36][oc][c], each point's matrix packed as A */
     for (int x = 0; x < 36; x++)
       gemm_pack_a(w + x * p->oc * p->c, p->c, p->oc, p->c, out + x * packed_a_floats(p->oc, p->c));
+    out[5] = 36; /* the algorithm's mark: F(2x2) will not take these */
+    return EX_OK;
+  }
+  if (p->algo == EX_CONV_WINOGRAD2) { /* w: U[16][oc][c], each point's matrix packed as B [c][oc] */
+    for (int x = 0; x < 16; x++)
+      gemm_pack_b(w + x * p->oc * p->c, 1, p->c, p->c, p->oc, out + x * packed_b_floats(p->c, p->oc));
+    out[5] = 16;
     return EX_OK;
   }
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
@@ -869,6 +1019,7 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
   case EX_CONV_GEMM: return conv_gemm(p, x, w, bias, res, y);
   case EX_CONV_DEPTHWISE: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : EX_EINVAL;
   case EX_CONV_WINOGRAD: return conv_winograd(p, x, w, bias, res, y);
+  case EX_CONV_WINOGRAD2: return conv_winograd2(p, x, w, bias, res, y);
   default: return EX_EINVAL;
   }
 }
