@@ -490,7 +490,7 @@ typedef struct {
   const float *xp;                   /* NULL, or the input zero-padded to (4 th + 2) x xpw */
   int64_t xpw;
   const float *upk;                  /* NULL, or U pre-packed as GEMM A (ex_conv_pack_weights) */
-  int64_t vx;                        /* floats of V per transform point x */
+  int64_t vx, mx;                    /* floats of V and of M per transform point x */
   _Atomic int err;
 } wg_ctx;
 
@@ -594,11 +594,11 @@ static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64
     const int64_t x = u / mo, r = u % mo;
     const float *upk = g->upk ? g->upk + x * packed_a_floats(O, C) + PACK_HDR : NULL;
     if (mo == 1) {
-      err = sgemm_run(g->u + x * O * C, upk, C, 1, NULL, V + x * g->vx, EX_F32, 0, 0, M + x * O * S, S,
+      err = sgemm_run(g->u + x * O * C, upk, C, 1, NULL, V + x * g->vx, EX_F32, 0, 0, M + x * g->mx, S,
                       O, nt, C, &EPI_NONE);
       continue;
     }
-    sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * O * S, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
+    sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * g->mx, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
                  upk, V + x * g->vx, 1, 1, MR, NULL, 0, 0, 0, 0};
     err = sgemm_range(&sg, EX_MIN(O, mb * r / mo * MR), EX_MIN(O, mb * (r + 1) / mo * MR), 0, nt);
   }
@@ -613,7 +613,7 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
   for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
-      for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + (x * O + o) * S + j, sizeof(cv8));
+      for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + x * g->mx + o * S + j, sizeof(cv8));
       for (int q = 0; q < 6; q++) {
         cv8 r4[4];
         WG_AT(m[0][q], m[1][q], m[2][q], m[3][q], m[4][q], m[5][q], r4);
@@ -690,7 +690,7 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
 static void wg_task(void *vctx, int64_t b0, int64_t b1) {
   wg_ctx *g = vctx;
   const ex_conv_params *p = g->p;
-  float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + p->oc * g->tbp)));
+  float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + g->mx)));
   if (!V) { g->err = EX_ENOMEM; return; }
   for (int64_t b = b0; b < b1; b++) {
     wg_in(g, b * g->tb, V, 0, p->c);
@@ -728,7 +728,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
       p->groups != 1)
     return EX_EINVAL;
   wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0,
-              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[5] == 36 ? p->wpack : NULL, 0, 0};
+              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[5] == 36 ? p->wpack : NULL, 0, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
   /* each of the 36 GEMMs streams its slice of V and M once: favour wide N (up to WT tiles).
@@ -739,7 +739,10 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   const int phased = nt > 1 && nb0 < 2 * nt;
   g.tb = EX_MIN(WT, ROUND_UP((g.total + nb0 - 1) / nb0, 8));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
-  g.vx = p->c * ROUND_UP(g.tb, NR);
+  /* each point's V and M 16 floats past a multiple of 64: their 36 streams in a transform would
+   * otherwise often be a multiple of 4 KB apart, all on the same L1 sets */
+  g.vx = ROUND_UP(p->c * ROUND_UP(g.tb, NR), 64) + 16;
+  g.mx = ROUND_UP(p->oc * g.tbp, 64) + 16;
   const int64_t nblk = (g.total + g.tb - 1) / g.tb;
   float *xp = NULL;
 #ifdef EX_AVX2
@@ -759,7 +762,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   }
 #endif
   if (phased) {
-    float *V = sc_take(SC_WG_V, (size_t)(36 * (g.vx + p->oc * g.tbp)));
+    float *V = sc_take(SC_WG_V, (size_t)(36 * (g.vx + g.mx)));
     if (!V) g.err = EX_ENOMEM;
     /* GEMM units: each GEMM's rows in two halves when there are enough, for finer balance */
     const int64_t mo = p->oc >= 4 * MR ? 2 : 1;
