@@ -147,8 +147,17 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
  * the weights are then pre-packed as B, and the result is transposed with the epilogue. */
 static int conv_tr(const ex_conv_params *p) {
   const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups;
+#ifdef EX_AVX512
+  /* this micro-kernel computes a partial panel only to its rows, and a narrow last column panel
+   * at 16 columns: the transpose (and its extra pass) pays only where W @ col wastes many
+   * columns (N = 49: 64 computed) */
+  const int64_t r = N % NR;
+  const double fill_n = (double)N / (double)(N - r + (r == 0 ? 0 : r <= 16 ? 16 : NR));
+  return N <= 1024 && N > 16 && ocg >= 64 && fill_n < 0.85;
+#else
   const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
   return N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05;
+#endif
 }
 
 /* y[o, j] = act(T[j, o] + bias[o] (+ res[o, j])) for 16-channel blocks [q0, q1) of the
