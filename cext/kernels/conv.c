@@ -857,7 +857,8 @@ static void w2_gemm(void *vctx, int64_t x0, int64_t x1) {
   }
 }
 
-/* y = A^T m A of each tile, + bias (+ residual), activation; output channels [o0, o1) */
+/* y = A^T m A of each tile, + bias (+ residual), activation; output channels [o0, o1), 8 at a
+ * time as vectors (M holds a tile's channels contiguously) */
 static void w2_out(void *vctx, int64_t o0, int64_t o1) {
   const w2_ctx *g = vctx;
   const ex_conv_params *p = g->p;
@@ -866,24 +867,37 @@ static void w2_out(void *vctx, int64_t o0, int64_t o1) {
     const int64_t t = g->t0 + j, b = t / g->T, tt = t % g->T, oy = tt / g->tw * 2, ox = tt % g->tw * 2;
     const int64_t ny = EX_MIN(2, p->oh - oy), nx = EX_MIN(2, p->ow - ox);
     const float *m = g->M + j * O;
-    for (int64_t o = o0; o < o1; o++) {
-      float r0[4], r1[4];
-      for (int q = 0; q < 4; q++) { /* columns: A^T m */
-        const float m0 = m[q * mx + o], m1 = m[(4 + q) * mx + o], m2 = m[(8 + q) * mx + o],
-                    m3 = m[(12 + q) * mx + o];
-        r0[q] = m0 + m1 + m2;
-        r1[q] = m1 - m2 - m3;
+    float *yt = g->y + b * O * OHW + oy * p->ow + ox;
+    const float *rt = g->res ? g->res + (yt - g->y) : NULL;
+    for (int64_t o = o0; o < o1; o += 8) {
+      const int64_t no = EX_MIN(8, o1 - o);
+      cv8 mm[16], r0[4], r1[4], out[4];
+      if (no == 8) {
+        for (int x = 0; x < 16; x++) memcpy(&mm[x], m + x * mx + o, sizeof(cv8));
+      } else {
+        for (int x = 0; x < 16; x++)
+          for (int l = 0; l < 8; l++) mm[x][l] = l < no ? m[x * mx + o + l] : 0.0f;
       }
-      const float bv = g->bias ? g->bias[o] : 0.0f;
-      float out[4] = {r0[0] + r0[1] + r0[2] + bv, r0[1] - r0[2] - r0[3] + bv, r1[0] + r1[1] + r1[2] + bv,
-                      r1[1] - r1[2] - r1[3] + bv};
-      const int64_t off = (b * O + o) * OHW + oy * p->ow + ox;
-      for (int64_t r = 0; r < ny; r++)
-        for (int64_t q = 0; q < nx; q++) {
-          float v = out[2 * r + q];
-          if (g->res) v += g->res[off + r * p->ow + q];
-          g->y[off + r * p->ow + q] = act_f(p->act, v);
-        }
+      for (int q = 0; q < 4; q++) { /* columns: A^T m */
+        r0[q] = mm[q] + mm[4 + q] + mm[8 + q];
+        r1[q] = mm[4 + q] - mm[8 + q] - mm[12 + q];
+      }
+      cv8 bv = {0};
+      if (g->bias)
+        for (int l = 0; l < no; l++) bv[l] = g->bias[o + l];
+      out[0] = r0[0] + r0[1] + r0[2] + bv;
+      out[1] = r0[1] - r0[2] - r0[3] + bv;
+      out[2] = r1[0] + r1[1] + r1[2] + bv;
+      out[3] = r1[1] - r1[2] - r1[3] + bv;
+      for (int64_t l = 0; l < no; l++) {
+        const int64_t off = (o + l) * OHW;
+        for (int64_t r = 0; r < ny; r++)
+          for (int64_t q = 0; q < nx; q++) {
+            float v = out[2 * r + q][l];
+            if (rt) v += rt[off + r * p->ow + q];
+            yt[off + r * p->ow + q] = act_f(p->act, v);
+          }
+      }
     }
   }
 }
