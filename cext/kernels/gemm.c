@@ -178,7 +178,6 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
     const __m512 b0 = _mm512_loadu_ps(b); /* pre-packed B may be unaligned */
     const __m512 b1 = nv == 2 ? _mm512_loadu_ps(b + 16) : b0;
     _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
-    _mm_prefetch((const char *)(b + 8 * NR), _MM_HINT_T0);
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
       const __m512 av = _mm512_set1_ps(a[i]);
