@@ -622,7 +622,8 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
   for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
-      for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + x * g->mx + o * S + j, sizeof(cv8));
+      for (int r = 0; r < 6; r++)
+        for (int q = 0; q < 6; q++) memcpy(&m[r][q], M + (6 * r + q) * g->mx + o * S + j, sizeof(cv8));
       for (int q = 0; q < 6; q++) {
         cv8 r4[4];
         WG_AT(m[0][q], m[1][q], m[2][q], m[3][q], m[4][q], m[5][q], r4);

@@ -61,7 +61,7 @@ static inline float act_f(int act, float v) {
   }
 }
 
-static void act_row(int act, float *c, int64_t n) {
+static inline void act_row(int act, float *c, int64_t n) {
   switch (act) {
   case EX_ACT_NONE: return;
   case EX_ACT_RELU: for (int64_t j = 0; j < n; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j]; return;
