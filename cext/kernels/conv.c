@@ -890,15 +890,21 @@ static void w2_out(void *vctx, int64_t o0, int64_t o1) {
       out[1] = r0[1] - r0[2] - r0[3] + bv;
       out[2] = r1[0] + r1[1] + r1[2] + bv;
       out[3] = r1[1] - r1[2] - r1[3] + bv;
-      for (int64_t l = 0; l < no; l++) {
-        const int64_t off = (o + l) * OHW;
-        for (int64_t r = 0; r < ny; r++)
-          for (int64_t q = 0; q < nx; q++) {
-            float v = out[2 * r + q][l];
-            if (rt) v += rt[off + r * p->ow + q];
-            yt[off + r * p->ow + q] = act_f(p->act, v);
-          }
+      if (rt) /* the residual gathered into the same vectors, then the activation on them */
+        for (int64_t l = 0; l < no; l++)
+          for (int64_t r = 0; r < ny; r++)
+            for (int64_t q = 0; q < nx; q++) out[2 * r + q][l] += rt[(o + l) * OHW + r * p->ow + q];
+      for (int k = 0; k < 4; k++) {
+        if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6)
+          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] < 0.0f ? 0.0f : out[k][l];
+        if (p->act == EX_ACT_RELU6)
+          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] > 6.0f ? 6.0f : out[k][l];
+        else if (p->act != EX_ACT_NONE && p->act != EX_ACT_RELU)
+          for (int l = 0; l < 8; l++) out[k][l] = act_f(p->act, out[k][l]);
       }
+      for (int64_t l = 0; l < no; l++)
+        for (int64_t r = 0; r < ny; r++)
+          for (int64_t q = 0; q < nx; q++) yt[(o + l) * OHW + r * p->ow + q] = out[2 * r + q][l];
     }
   }
 }
