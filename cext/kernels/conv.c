@@ -804,6 +804,7 @@ typedef struct {
   const float *u, *upk, *bias, *res; /* upk: NULL, or U packed as 16 B matrices */
   float *y;
   const float *xp;                   /* the input zero-padded to xph x xpw per plane */
+  int64_t *soff;                     /* per tile of the block: its window's offset in xp, channel 0 */
   int64_t xph, xpw, tw, T;           /* tiles per row, per image */
   int64_t t0, nt, mp;                /* this block: tiles [t0, t0 + nt), mp = nt rounded to MR */
   int64_t vx, mx;                    /* floats per point of V and M */
@@ -811,35 +812,42 @@ typedef struct {
   _Atomic int err;
 } w2_ctx;
 
-/* V = B^T d B of each 4x4 input tile, channels [c0, c1) */
+/* V = B^T d B of each 4x4 input tile, channels [c0, c1): a panel of MR tiles at a time, gathered
+ * into d[point][tile], transformed across the tiles as vectors, stored as 16 runs of MR */
 static void w2_in(void *vctx, int64_t c0, int64_t c1) {
   const w2_ctx *g = vctx;
-  const int64_t C = g->p->c, ks = kc_step(C), vx = g->vx, W = g->xpw;
+  const int64_t C = g->p->c, ks = kc_step(C), vx = g->vx, W = g->xpw, plane = g->xph * W;
   for (int64_t c = c0; c < c1; c++) {
     const int64_t pc = c / ks * ks, kc = EX_MIN(ks, C - pc);
-    float *vc = g->V + pc * g->mp + (c - pc) * MR; /* row j at vc + j / MR * MR * kc + j % MR */
-    for (int64_t j = 0; j < g->mp; j++) {
-      float *v = vc + j / MR * MR * kc + j % MR;
-      if (j >= g->nt) { /* the panel's rows past the last tile */
-        for (int x = 0; x < 16; x++) v[x * vx] = 0.0f;
-        continue;
+    const float *xc = g->xp + c * plane;
+    for (int64_t j0 = 0; j0 < g->mp; j0 += MR) {
+      float d[16][MR], v[16][MR];
+      for (int l = 0; l < MR; l++) {
+        if (j0 + l >= g->nt) { /* the panel's rows past the last tile */
+          for (int x = 0; x < 16; x++) d[x][l] = 0.0f;
+          continue;
+        }
+        const float *src = xc + g->soff[j0 + l];
+        for (int r = 0; r < 4; r++)
+          for (int q = 0; q < 4; q++) d[4 * r + q][l] = src[r * W + q];
       }
-      const int64_t t = g->t0 + j, b = t / g->T, tt = t % g->T;
-      const float *s = g->xp + ((b * C + c) * g->xph + tt / g->tw * 2) * W + tt % g->tw * 2;
-      float h[4][4];
-      for (int q = 0; q < 4; q++) { /* columns: B^T d */
-        const float d0 = s[q], d1 = s[W + q], d2 = s[2 * W + q], d3 = s[3 * W + q];
-        h[0][q] = d0 - d2;
-        h[1][q] = d1 + d2;
-        h[2][q] = d2 - d1;
-        h[3][q] = d1 - d3;
+      for (int l = 0; l < MR; l++) {
+        float h[4][4];
+        for (int q = 0; q < 4; q++) { /* columns: B^T d */
+          h[0][q] = d[q][l] - d[8 + q][l];
+          h[1][q] = d[4 + q][l] + d[8 + q][l];
+          h[2][q] = d[8 + q][l] - d[4 + q][l];
+          h[3][q] = d[4 + q][l] - d[12 + q][l];
+        }
+        for (int r = 0; r < 4; r++) { /* rows: (B^T d) B */
+          v[4 * r + 0][l] = h[r][0] - h[r][2];
+          v[4 * r + 1][l] = h[r][1] + h[r][2];
+          v[4 * r + 2][l] = h[r][2] - h[r][1];
+          v[4 * r + 3][l] = h[r][1] - h[r][3];
+        }
       }
-      for (int r = 0; r < 4; r++) { /* rows: (B^T d) B */
-        v[(4 * r + 0) * vx] = h[r][0] - h[r][2];
-        v[(4 * r + 1) * vx] = h[r][1] + h[r][2];
-        v[(4 * r + 2) * vx] = h[r][2] - h[r][1];
-        v[(4 * r + 3) * vx] = h[r][1] - h[r][3];
-      }
+      float *dst = g->V + pc * g->mp + j0 * kc + (c - pc) * MR; /* panel j0 / MR of the K block */
+      for (int x = 0; x < 16; x++) memcpy(dst + x * vx, v[x], sizeof v[x]);
     }
   }
 }
@@ -916,7 +924,7 @@ static int conv_winograd2(const ex_conv_params *p, const float *x, const float *
     return EX_EINVAL;
   const int64_t C = p->c, O = p->oc, tw = (p->ow + 1) / 2, th = (p->oh + 1) / 2, total = tw * th * p->n;
   const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[5] == 16 ? p->wpack : NULL;
-  w2_ctx g = {p, u, upk, bias, res, y, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
+  w2_ctx g = {p, u, upk, bias, res, y, NULL, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
   /* the zero-padded input: every tile reads in bounds */
   const size_t nxp = (size_t)(p->n * C * g.xph * g.xpw);
   float *xp = sc_take(SC_WG_X, nxp);
@@ -935,17 +943,28 @@ static int conv_winograd2(const ex_conv_params *p, const float *x, const float *
   g.vx = ROUND_UP(ROUND_UP(tb, MR) * C, 64) + 32;
   g.mx = ROUND_UP(tb * O, 64) + 32;
   float *V = sc_take(SC_WG_V, (size_t)(16 * (g.vx + g.mx)));
-  if (!V) { sc_give(SC_WG_X, xp); return EX_ENOMEM; }
+  g.soff = malloc((size_t)tb * sizeof(int64_t));
+  if (!V || !g.soff) {
+    free(g.soff);
+    sc_give(SC_WG_V, V);
+    sc_give(SC_WG_X, xp);
+    return EX_ENOMEM;
+  }
   g.V = V;
   g.M = V + 16 * g.vx;
   for (int64_t t0 = 0; t0 < total && !g.err; t0 += tb) {
     g.t0 = t0;
     g.nt = EX_MIN(tb, total - t0);
     g.mp = ROUND_UP(g.nt, MR);
+    for (int64_t j = 0; j < g.nt; j++) {
+      const int64_t t = t0 + j, tt = t % g.T;
+      g.soff[j] = t / g.T * C * g.xph * g.xpw + (tt / tw * 2) * g.xpw + tt % tw * 2;
+    }
     ex_parallel_for(C, EX_MAX(1, 1024 / g.nt), w2_in, &g);
     ex_parallel_for(16, 1, w2_gemm, &g);
     ex_parallel_for(O, EX_MAX(1, 1024 / g.nt), w2_out, &g);
   }
+  free(g.soff);
   sc_give(SC_WG_V, V);
   sc_give(SC_WG_X, xp);
   return g.err;
