@@ -129,7 +129,7 @@ def choose_conv_algo(c, oc, oh, ow, kernel, stride, dilation, groups):
     """The planner's convolution algorithm for a shape: depthwise direct for one channel per group;
     for 3x3 stride-1 convolutions Winograd F(4x4, 3x3) with enough channels and area, F(2x2, 3x3) on
     small planes (7x7 to 26x26, where F(4x4)'s tiles waste much of their area and leave its GEMMs
-    few columns) with many channels; else (im2col +) GEMM."""
+    few columns) with many channels, for the kernel variant in use; else (im2col +) GEMM."""
     if groups == c == oc and c > 1:
         return "depthwise"
     if kernel != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1:
@@ -138,7 +138,9 @@ def choose_conv_algo(c, oc, oh, ow, kernel, stride, dilation, groups):
     if c >= 16 and oc >= 16 and tiles >= 48:
         return "winograd"
     if c >= 64 and oc >= 64 and 7 <= oh <= 26 and 7 <= ow <= 26:
-        return "winograd2"
+        # F(2x2)'s transposed GEMMs suit the AVX-512 kernel's 14-row panels; the narrower AVX2 and
+        # portable kernels (6 x 16) run F(4x4)'s 16-column GEMMs well from 12 x 12 up
+        return "winograd2" if lib.ex_isa() == lib.EX_ISA_AVX512 or min(oh, ow) < 12 else "winograd"
     return "gemm"
 
 
