@@ -147,13 +147,16 @@ int ex_linear(const float *x, const void *w, int32_t w_dtype, const float *bias,
  * Output size (oh, ow) is given: padding ph/pw is before (top/left); after is implied.
  * For ex_conv_transpose2d, (c, h, w) describe the input and (oc, oh, ow) the output;
  * its weight is [c, oc / groups, kh, kw] (PyTorch's layout). */
-enum ex_conv_algo { EX_CONV_AUTO = 0, EX_CONV_GEMM, EX_CONV_DEPTHWISE, EX_CONV_WINOGRAD };
+enum ex_conv_algo { EX_CONV_AUTO = 0, EX_CONV_GEMM, EX_CONV_DEPTHWISE, EX_CONV_WINOGRAD,
+                    EX_CONV_WINOGRAD2 };
 typedef struct {
   int64_t n, c, h, w;        /* input */
   int64_t oc, oh, ow;        /* output */
   int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
   int32_t act;               /* ex_act */
-  int32_t algo;              /* ex_conv_algo; WINOGRAD takes ex_winograd_weights' output as w */
+  int32_t algo;              /* ex_conv_algo; WINOGRAD takes ex_winograd_weights' output as w,
+                                WINOGRAD2 (F(2x2, 3x3)) u[16][oc][ic] = G w G^T, G = [[1, 0, 0],
+                                [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]] */
   const float *wpack;        /* NULL, or GEMM weights from ex_conv_pack_weights (used when they
                                 were packed for the kernel variant running; w is still required) */
 } ex_conv_params;
@@ -161,7 +164,7 @@ int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const flo
               const float *res, float *y);
 /* GEMM weights packed once into the micro-kernel's panel layout (for the variant in use):
  * ex_conv_packed_size(p) floats, filled by ex_conv_pack_weights(p, w, out); for WINOGRAD, w is
- * ex_winograd_weights' output and each of its 36 matrices is packed */
+ * ex_winograd_weights' output and each of its 36 matrices is packed (16 for WINOGRAD2) */
 int64_t ex_conv_packed_size(const ex_conv_params *p);
 int ex_conv_pack_weights(const ex_conv_params *p, const float *w, float *out);
 /* F(4x4, 3x3) weights: u[36][oc][ic] from w[oc][ic][3][3] */

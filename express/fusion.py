@@ -28,17 +28,17 @@ _ACT_HOSTS = (_nn.CONV2D, _nn.LINEAR, _nn.GROUP_NORM, _nn.BATCH_NORM)
 _WINO_CACHE: dict = {}
 
 
-def _wino_cached(w):
-    e = _WINO_CACHE.get(id(w))
+def _wino_cached(w, algo):
+    e = _WINO_CACHE.get((id(w), algo))
     if e is not None and e[0]() is w:
         return e[1]
-    u = constant(_nn.winograd_weights(w._value))
+    u = constant(_nn.winograd_weights(w._value, algo))
 
-    def drop(ref, k=id(w)):
+    def drop(ref, k=(id(w), algo)):
         cur = _WINO_CACHE.get(k)
         if cur is not None and cur[0] is ref:
             del _WINO_CACHE[k]
-    _WINO_CACHE[id(w)] = (weakref.ref(w, drop), u)
+    _WINO_CACHE[(id(w), algo)] = (weakref.ref(w, drop), u)
     return u
 
 
@@ -106,10 +106,10 @@ def _winograd(conv, ins):
                                     a["stride"], a["dilation"], a["groups"])
     if w._value is None:
         return None
-    if algo != "winograd":  # GEMM / depthwise: constant GEMM weights are packed once at prepare
+    if algo not in _nn.WINOGRAD_POINTS:  # GEMM / depthwise: constant GEMM weights are packed once at prepare
         return None if a.get("prepack") or algo == "depthwise" else _rebuild(conv, ins, algo=algo, prepack=True)
-    u = _wino_cached(w)
-    return _rebuild(conv, [x, u] + list(ins[2:]), algo="winograd", wlayout="winograd", kernel=tuple(w.shape[2:]),
+    u = _wino_cached(w, algo)
+    return _rebuild(conv, [x, u] + list(ins[2:]), algo=algo, wlayout="winograd", kernel=tuple(w.shape[2:]),
                     prepack=True)
 
 

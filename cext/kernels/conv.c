@@ -15,7 +15,8 @@
  *              straight in packed-B form), 36 GEMMs per block, output transform + epilogue.
  *              Blocks run on the pool (each block single-threaded) when there are at least two
  *              per thread; otherwise each block is shared by the pool in three phases (input
- *              transform by channel, the 36 GEMMs in halves, output transform by channel). */
+ *              transform by channel, the 36 GEMMs in halves, output transform by channel).
+ *   WINOGRAD2  F(2x2, 3x3) for small planes (14x14), the GEMMs transposed (see below). */
 #include "common.h"
 
 typedef float cv8 __attribute__((vector_size(32)));
@@ -146,8 +147,17 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
  * the weights are then pre-packed as B, and the result is transposed with the epilogue. */
 static int conv_tr(const ex_conv_params *p) {
   const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups;
+#ifdef EX_AVX512
+  /* this micro-kernel computes a partial panel only to its rows, and a narrow last column panel
+   * at 16 columns: the transpose (and its extra pass) pays only where W @ col wastes many
+   * columns (N = 49: 64 computed) */
+  const int64_t r = N % NR;
+  const double fill_n = (double)N / (double)(N - r + (r == 0 ? 0 : r <= 16 ? 16 : NR));
+  return N <= 1024 && N > 16 && ocg >= 64 && fill_n < 0.85;
+#else
   const double fill_n = (double)N / (double)ROUND_UP(N, NR), fill_t = (double)N / (double)ROUND_UP(N, MR);
   return N <= 1024 && N > 16 && ocg >= 64 && fill_t > fill_n + 0.05;
+#endif
 }
 
 /* y[o, j] = act(T[j, o] + bias[o] (+ res[o, j])) for 16-channel blocks [q0, q1) of the
@@ -414,7 +424,7 @@ typedef struct {
   const float *xp;                   /* NULL, or the input zero-padded to (4 th + 2) x xpw */
   int64_t xpw;
   const float *upk;                  /* NULL, or U pre-packed as GEMM A (ex_conv_pack_weights) */
-  int64_t vx;                        /* floats of V per transform point x */
+  int64_t vx, mx;                    /* floats of V and of M per transform point x */
   _Atomic int err;
 } wg_ctx;
 
@@ -518,11 +528,11 @@ static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64
     const int64_t x = u / mo, r = u % mo;
     const float *upk = g->upk ? g->upk + x * packed_a_floats(O, C) + PACK_HDR : NULL;
     if (mo == 1) {
-      err = sgemm_run(g->u + x * O * C, upk, C, 1, NULL, V + x * g->vx, EX_F32, 0, 0, M + x * O * S, S,
+      err = sgemm_run(g->u + x * O * C, upk, C, 1, NULL, V + x * g->vx, EX_F32, 0, 0, M + x * g->mx, S,
                       O, nt, C, &EPI_NONE);
       continue;
     }
-    sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * O * S, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
+    sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * g->mx, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
                  upk, V + x * g->vx, 1, 1, MR, NULL, 0, 0, 0, 0};
     err = sgemm_range(&sg, EX_MIN(O, mb * r / mo * MR), EX_MIN(O, mb * (r + 1) / mo * MR), 0, nt);
   }
@@ -537,7 +547,8 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
   for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
-      for (int x = 0; x < 36; x++) memcpy(&m[x / 6][x % 6], M + (x * O + o) * S + j, sizeof(cv8));
+      for (int r = 0; r < 6; r++)
+        for (int q = 0; q < 6; q++) memcpy(&m[r][q], M + (6 * r + q) * g->mx + o * S + j, sizeof(cv8));
       for (int q = 0; q < 6; q++) {
         cv8 r4[4];
         WG_AT(m[0][q], m[1][q], m[2][q], m[3][q], m[4][q], m[5][q], r4);
@@ -614,7 +625,7 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
 static void wg_task(void *vctx, int64_t b0, int64_t b1) {
   wg_ctx *g = vctx;
   const ex_conv_params *p = g->p;
-  float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + p->oc * g->tbp)));
+  float *V = sc_take(SC_WG_V, (size_t)(36 * (g->vx + g->mx)));
   if (!V) { g->err = EX_ENOMEM; return; }
   for (int64_t b = b0; b < b1; b++) {
     wg_in(g, b * g->tb, V, 0, p->c);
@@ -652,7 +663,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
       p->groups != 1)
     return EX_EINVAL;
   wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0,
-              packed_a_for(p->wpack, p->oc, p->c) ? p->wpack : NULL, 0, 0};
+              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[5] == 36 ? p->wpack : NULL, 0, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
   /* each of the 36 GEMMs streams its slice of V and M once: favour wide N (up to WT tiles).
@@ -663,7 +674,10 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   const int phased = nt > 1 && nb0 < 2 * nt;
   g.tb = EX_MIN(WT, ROUND_UP((g.total + nb0 - 1) / nb0, 8));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
-  g.vx = p->c * ROUND_UP(g.tb, NR);
+  /* each point's V and M 16 floats past a multiple of 64: their 36 streams in a transform would
+   * otherwise often be a multiple of 4 KB apart, all on the same L1 sets */
+  g.vx = ROUND_UP(p->c * ROUND_UP(g.tb, NR), 64) + 16;
+  g.mx = ROUND_UP(p->oc * g.tbp, 64) + 16;
   const int64_t nblk = (g.total + g.tb - 1) / g.tb;
   float *xp = NULL;
 #ifdef EX_AVX2
@@ -683,7 +697,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   }
 #endif
   if (phased) {
-    float *V = sc_take(SC_WG_V, (size_t)(36 * (g.vx + p->oc * g.tbp)));
+    float *V = sc_take(SC_WG_V, (size_t)(36 * (g.vx + g.mx)));
     if (!V) g.err = EX_ENOMEM;
     /* GEMM units: each GEMM's rows in two halves when there are enough, for finer balance */
     const int64_t mo = p->oc >= 4 * MR ? 2 : 1;
@@ -697,6 +711,186 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   } else {
     ex_parallel_for(nblk, 1, wg_task, &g);
   }
+  sc_give(SC_WG_X, xp);
+  return g.err;
+}
+
+/* ---- Winograd F(2x2, 3x3) ----
+ * On small planes (the 14x14 stage) F(4x4) wastes much of its tiles (4 x 4 tiles of 4 cover
+ * 16 x 16) and leaves its 36 GEMMs 16 columns; F(2x2) tiles 14 x 14 exactly with 49 tiles, 16
+ * GEMMs of 4 multiplies per output.  The GEMMs run transposed, M[x][t][o] = V[x][t][c] @
+ * U[x][c][o], so the tiles fill the micro-kernel's MR rows (49 of 56) and the output channels its
+ * NR columns.  V is written straight in packed-A form; U[16][oc][c] (from the planner) is packed
+ * as B once (ex_conv_pack_weights, marked 16 in the header so F(4x4) never takes it).  Per block
+ * of tiles, three phases on the pool: input transform by channel, the 16 GEMMs, output
+ * transform + epilogue by output channel. */
+typedef struct {
+  const ex_conv_params *p;
+  const float *u, *upk, *bias, *res; /* upk: NULL, or U packed as 16 B matrices */
+  float *y;
+  const float *xp;                   /* the input zero-padded to xph x xpw per plane */
+  int64_t *soff;                     /* per tile of the block: its window's offset in xp, channel 0 */
+  int64_t xph, xpw, tw, T;           /* tiles per row, per image */
+  int64_t t0, nt, mp;                /* this block: tiles [t0, t0 + nt), mp = nt rounded to MR */
+  int64_t vx, mx;                    /* floats per point of V and M */
+  float *V, *M;                      /* V[16][vx]: mp x c packed A, M[16][mx]: nt x oc */
+  _Atomic int err;
+} w2_ctx;
+
+/* V = B^T d B of each 4x4 input tile, channels [c0, c1): a panel of MR tiles at a time, gathered
+ * into d[point][tile], transformed across the tiles as vectors, stored as 16 runs of MR */
+static void w2_in(void *vctx, int64_t c0, int64_t c1) {
+  const w2_ctx *g = vctx;
+  const int64_t C = g->p->c, ks = kc_step(C), vx = g->vx, W = g->xpw, plane = g->xph * W;
+  for (int64_t c = c0; c < c1; c++) {
+    const int64_t pc = c / ks * ks, kc = EX_MIN(ks, C - pc);
+    const float *xc = g->xp + c * plane;
+    for (int64_t j0 = 0; j0 < g->mp; j0 += MR) {
+      float d[16][MR], v[16][MR];
+      for (int l = 0; l < MR; l++) {
+        if (j0 + l >= g->nt) { /* the panel's rows past the last tile */
+          for (int x = 0; x < 16; x++) d[x][l] = 0.0f;
+          continue;
+        }
+        const float *src = xc + g->soff[j0 + l];
+        for (int r = 0; r < 4; r++)
+          for (int q = 0; q < 4; q++) d[4 * r + q][l] = src[r * W + q];
+      }
+      for (int l = 0; l < MR; l++) {
+        float h[4][4];
+        for (int q = 0; q < 4; q++) { /* columns: B^T d */
+          h[0][q] = d[q][l] - d[8 + q][l];
+          h[1][q] = d[4 + q][l] + d[8 + q][l];
+          h[2][q] = d[8 + q][l] - d[4 + q][l];
+          h[3][q] = d[4 + q][l] - d[12 + q][l];
+        }
+        for (int r = 0; r < 4; r++) { /* rows: (B^T d) B */
+          v[4 * r + 0][l] = h[r][0] - h[r][2];
+          v[4 * r + 1][l] = h[r][1] + h[r][2];
+          v[4 * r + 2][l] = h[r][2] - h[r][1];
+          v[4 * r + 3][l] = h[r][1] - h[r][3];
+        }
+      }
+      float *dst = g->V + pc * g->mp + j0 * kc + (c - pc) * MR; /* panel j0 / MR of the K block */
+      for (int x = 0; x < 16; x++) memcpy(dst + x * vx, v[x], sizeof v[x]);
+    }
+  }
+}
+
+/* the GEMMs of transform points [x0, x1), each on one thread */
+static void w2_gemm(void *vctx, int64_t x0, int64_t x1) {
+  w2_ctx *g = vctx;
+  const int64_t C = g->p->c, O = g->p->oc;
+  for (int64_t x = x0; x < x1; x++) {
+    const float *bpk = g->upk ? g->upk + x * packed_b_floats(C, O) + PACK_HDR : NULL;
+    /* B = U[x] as [c][o]: element (c, o) at o * C + c */
+    sg_ctx sg = {NULL, g->u + x * O * C, EX_F32, g->M + x * g->mx, 0, 0, 1, C, O, g->nt, O, C, &EPI_NONE,
+                 g->V + x * g->vx, bpk, 1, 1, MR, NULL, 0, 0, 0, 0};
+    const int err = sgemm_range(&sg, 0, g->nt, 0, O);
+    if (err) g->err = err;
+  }
+}
+
+/* y = A^T m A of each tile, + bias (+ residual), activation; output channels [o0, o1), 8 at a
+ * time as vectors (M holds a tile's channels contiguously) */
+static void w2_out(void *vctx, int64_t o0, int64_t o1) {
+  const w2_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t O = p->oc, mx = g->mx, OHW = p->oh * p->ow;
+  for (int64_t j = 0; j < g->nt; j++) {
+    const int64_t t = g->t0 + j, b = t / g->T, tt = t % g->T, oy = tt / g->tw * 2, ox = tt % g->tw * 2;
+    const int64_t ny = EX_MIN(2, p->oh - oy), nx = EX_MIN(2, p->ow - ox);
+    const float *m = g->M + j * O;
+    float *yt = g->y + b * O * OHW + oy * p->ow + ox;
+    const float *rt = g->res ? g->res + (yt - g->y) : NULL;
+    for (int64_t o = o0; o < o1; o += 8) {
+      const int64_t no = EX_MIN(8, o1 - o);
+      cv8 mm[16], r0[4], r1[4], out[4];
+      if (no == 8) {
+        for (int x = 0; x < 16; x++) memcpy(&mm[x], m + x * mx + o, sizeof(cv8));
+      } else {
+        for (int x = 0; x < 16; x++)
+          for (int l = 0; l < 8; l++) mm[x][l] = l < no ? m[x * mx + o + l] : 0.0f;
+      }
+      for (int q = 0; q < 4; q++) { /* columns: A^T m */
+        r0[q] = mm[q] + mm[4 + q] + mm[8 + q];
+        r1[q] = mm[4 + q] - mm[8 + q] - mm[12 + q];
+      }
+      cv8 bv = {0};
+      if (g->bias)
+        for (int l = 0; l < no; l++) bv[l] = g->bias[o + l];
+      out[0] = r0[0] + r0[1] + r0[2] + bv;
+      out[1] = r0[1] - r0[2] - r0[3] + bv;
+      out[2] = r1[0] + r1[1] + r1[2] + bv;
+      out[3] = r1[1] - r1[2] - r1[3] + bv;
+      if (rt) /* the residual gathered into the same vectors, then the activation on them */
+        for (int64_t l = 0; l < no; l++)
+          for (int64_t r = 0; r < ny; r++)
+            for (int64_t q = 0; q < nx; q++) out[2 * r + q][l] += rt[(o + l) * OHW + r * p->ow + q];
+      for (int k = 0; k < 4; k++) {
+        if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6)
+          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] < 0.0f ? 0.0f : out[k][l];
+        if (p->act == EX_ACT_RELU6)
+          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] > 6.0f ? 6.0f : out[k][l];
+        else if (p->act != EX_ACT_NONE && p->act != EX_ACT_RELU)
+          for (int l = 0; l < 8; l++) out[k][l] = act_f(p->act, out[k][l]);
+      }
+      for (int64_t l = 0; l < no; l++)
+        for (int64_t r = 0; r < ny; r++)
+          for (int64_t q = 0; q < nx; q++) yt[(o + l) * OHW + r * p->ow + q] = out[2 * r + q][l];
+    }
+  }
+}
+
+static int conv_winograd2(const ex_conv_params *p, const float *x, const float *u,
+                          const float *bias, const float *res, float *y) {
+  if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
+      p->groups != 1)
+    return EX_EINVAL;
+  const int64_t C = p->c, O = p->oc, tw = (p->ow + 1) / 2, th = (p->oh + 1) / 2, total = tw * th * p->n;
+  const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[5] == 16 ? p->wpack : NULL;
+  w2_ctx g = {p, u, upk, bias, res, y, NULL, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
+  /* the zero-padded input: every tile reads in bounds */
+  const size_t nxp = (size_t)(p->n * C * g.xph * g.xpw);
+  float *xp = sc_take(SC_WG_X, nxp);
+  if (!xp) return EX_ENOMEM;
+  memset(xp, 0, nxp * sizeof(float));
+  const int64_t ncopy = EX_MAX(0, EX_MIN(p->w, g.xpw - p->pw));
+  for (int64_t q = 0; q < p->n * C; q++)
+    for (int64_t iy = 0; iy < p->h && iy + p->ph < g.xph; iy++)
+      memcpy(xp + (q * g.xph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
+             (size_t)ncopy * sizeof(float));
+  g.xp = xp;
+  /* blocks of up to about 128 tiles, balanced, whole MR panels */
+  const int64_t nblk = (total + 127) / 128, tb = EX_MIN(total, ROUND_UP((total + nblk - 1) / nblk, MR));
+  /* each point's matrix 32 floats past a multiple of its size: the 16 streams of a transform
+   * would otherwise often sit 4 KB apart, on the same L1 sets */
+  g.vx = ROUND_UP(ROUND_UP(tb, MR) * C, 64) + 32;
+  g.mx = ROUND_UP(tb * O, 64) + 32;
+  float *V = sc_take(SC_WG_V, (size_t)(16 * (g.vx + g.mx)));
+  g.soff = malloc((size_t)tb * sizeof(int64_t));
+  if (!V || !g.soff) {
+    free(g.soff);
+    sc_give(SC_WG_V, V);
+    sc_give(SC_WG_X, xp);
+    return EX_ENOMEM;
+  }
+  g.V = V;
+  g.M = V + 16 * g.vx;
+  for (int64_t t0 = 0; t0 < total && !g.err; t0 += tb) {
+    g.t0 = t0;
+    g.nt = EX_MIN(tb, total - t0);
+    g.mp = ROUND_UP(g.nt, MR);
+    for (int64_t j = 0; j < g.nt; j++) {
+      const int64_t t = t0 + j, tt = t % g.T;
+      g.soff[j] = t / g.T * C * g.xph * g.xpw + (tt / tw * 2) * g.xpw + tt % tw * 2;
+    }
+    ex_parallel_for(C, EX_MAX(1, 1024 / g.nt), w2_in, &g);
+    ex_parallel_for(16, 1, w2_gemm, &g);
+    ex_parallel_for(O, EX_MAX(1, 1024 / g.nt), w2_out, &g);
+  }
+  free(g.soff);
+  sc_give(SC_WG_V, V);
   sc_give(SC_WG_X, xp);
   return g.err;
 }
@@ -762,6 +956,7 @@ static int conv_transpose2d(const ex_conv_params *p, const float *x, const float
 static int64_t conv_packed_size(const ex_conv_params *p) {
   if (conv_check(p)) return 0;
   if (p->algo == EX_CONV_WINOGRAD) return 36 * packed_a_floats(p->oc, p->c);
+  if (p->algo == EX_CONV_WINOGRAD2) return 16 * packed_b_floats(p->c, p->oc);
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
   return p->groups * (conv_tr(p) ? packed_b_floats(K, ocg) : packed_a_floats(ocg, K));
 }
@@ -773,6 +968,13 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   if (p->algo == EX_CONV_WINOGRAD) { /* w: U[36][oc][c], each point's matrix packed as A */
     for (int x = 0; x < 36; x++)
       gemm_pack_a(w + x * p->oc * p->c, p->c, p->oc, p->c, out + x * packed_a_floats(p->oc, p->c));
+    out[5] = 36; /* the algorithm's mark: F(2x2) will not take these */
+    return EX_OK;
+  }
+  if (p->algo == EX_CONV_WINOGRAD2) { /* w: U[16][oc][c], each point's matrix packed as B [c][oc] */
+    for (int x = 0; x < 16; x++)
+      gemm_pack_b(w + x * p->oc * p->c, 1, p->c, p->c, p->oc, out + x * packed_b_floats(p->c, p->oc));
+    out[5] = 16;
     return EX_OK;
   }
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
@@ -794,6 +996,7 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
   case EX_CONV_GEMM: return conv_gemm(p, x, w, bias, res, y);
   case EX_CONV_DEPTHWISE: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : EX_EINVAL;
   case EX_CONV_WINOGRAD: return conv_winograd(p, x, w, bias, res, y);
+  case EX_CONV_WINOGRAD2: return conv_winograd2(p, x, w, bias, res, y);
   default: return EX_EINVAL;
   }
 }

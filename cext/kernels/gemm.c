@@ -61,7 +61,7 @@ static inline float act_f(int act, float v) {
   }
 }
 
-static void act_row(int act, float *c, int64_t n) {
+static inline void act_row(int act, float *c, int64_t n) {
   switch (act) {
   case EX_ACT_NONE: return;
   case EX_ACT_RELU: for (int64_t j = 0; j < n; j++) c[j] = c[j] < 0.0f ? 0.0f : c[j]; return;
@@ -156,31 +156,119 @@ static void pack_b(int64_t kc, int64_t nc, const void *b, int32_t dt, int64_t of
 
 /* C[0:MR, 0:NR] (row stride ldc) = or += packed A panel x packed B panel */
 #if defined(EX_AVX512)
-static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
+/* The tile's epilogue as the AVX-512 micro-kernel applies it in registers, before the store:
+ * bias per row (rb) or per column (cb), residual rows, ReLU / ReLU6.  Other activations are
+ * applied by epi_tile after the store. */
+typedef struct {
+  const float *rb, *cb, *res; /* at the tile's first row / column, or NULL */
+  int64_t res_ld;
+  int act;
+} uk_epi;
+
+/* the first `rows` rows (rows <= MR; a is still an MR-row panel) and nv 16-column vectors of the
+ * tile, the last of them stored under mask mk (a narrow last panel: B's zero padding is not
+ * computed); e: NULL, or the epilogue (last K block only) */
+static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, __mmask16 mk,
+                                                           int64_t kc, const float *a, const float *b,
+                                                           float *c, int64_t ldc, int acc, const uk_epi *e) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
+  for (int i = 0; i < rows; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
   for (int64_t p = 0; p < kc; p++) {
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16); /* pre-packed B may be unaligned */
+    const __m512 b0 = _mm512_loadu_ps(b); /* pre-packed B may be unaligned */
+    const __m512 b1 = nv == 2 ? _mm512_loadu_ps(b + 16) : b0;
     _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
 #pragma GCC unroll 14
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
       const __m512 av = _mm512_set1_ps(a[i]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
-      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+      if (nv == 2) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
     a += MR;
     b += NR;
   }
-#pragma GCC unroll 14
-  for (int i = 0; i < MR; i++) {
-    if (acc) {
-      c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(c + i * ldc));
-      c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(c + i * ldc + 16));
-    }
-    _mm512_storeu_ps(c + i * ldc, c0[i]);
-    _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
+  /* the last vector's columns: loads and stores under mk */
+  const __mmask16 m0 = nv == 2 ? (__mmask16)0xFFFF : mk, m1 = mk;
+  __m512 cb0 = _mm512_setzero_ps(), cb1 = cb0;
+  if (e && e->cb) {
+    cb0 = _mm512_maskz_loadu_ps(m0, e->cb);
+    if (nv == 2) cb1 = _mm512_maskz_loadu_ps(m1, e->cb + 16);
   }
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+#pragma GCC unroll 14
+  for (int i = 0; i < rows; i++) {
+    float *ci = c + i * ldc;
+    if (acc) {
+      c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ci));
+      if (nv == 2) c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ci + 16));
+    }
+    if (e) {
+      if (e->rb) {
+        const __m512 bv = _mm512_set1_ps(e->rb[i]);
+        c0[i] = _mm512_add_ps(c0[i], bv);
+        c1[i] = _mm512_add_ps(c1[i], bv);
+      }
+      if (e->cb) { c0[i] = _mm512_add_ps(c0[i], cb0); c1[i] = _mm512_add_ps(c1[i], cb1); }
+      if (e->res) {
+        const float *ri = e->res + i * e->res_ld;
+        c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ri));
+        if (nv == 2) c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ri + 16));
+      }
+      if (e->act == EX_ACT_RELU || e->act == EX_ACT_RELU6) {
+        c0[i] = _mm512_max_ps(c0[i], zero);
+        c1[i] = _mm512_max_ps(c1[i], zero);
+      }
+      if (e->act == EX_ACT_RELU6) { c0[i] = _mm512_min_ps(c0[i], six); c1[i] = _mm512_min_ps(c1[i], six); }
+    }
+    if (nv == 2) {
+      _mm512_storeu_ps(ci, c0[i]);
+      _mm512_mask_storeu_ps(ci + 16, m1, c1[i]);
+    } else {
+      _mm512_mask_storeu_ps(ci, m0, c0[i]);
+    }
+  }
+}
+
+static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
+  uk_body(MR, 2, 0xFFFF, kc, a, b, c, ldc, acc, NULL);
+}
+
+/* one instance per row count and width: a partial panel (m not a multiple of MR, or n of NR)
+ * computes only its rows and (to 16 columns) its width */
+typedef void (*uk_fn)(int64_t, const float *, const float *, float *, int64_t, int, const uk_epi *, __mmask16);
+#define UK_ROWS(R)                                                                                  \
+  static void uk_rows##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
+                         const uk_epi *e, __mmask16 mk) { uk_body(R, 2, mk, kc, a, b, c, ldc, acc, e); } \
+  static void uk_half##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
+                         const uk_epi *e, __mmask16 mk) { uk_body(R, 1, mk, kc, a, b, c, ldc, acc, e); }
+UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
+UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
+#undef UK_ROWS
+static const uk_fn UK_TAB[2][MR + 1] = {
+    {NULL, uk_half1, uk_half2, uk_half3, uk_half4, uk_half5, uk_half6, uk_half7, uk_half8, uk_half9,
+     uk_half10, uk_half11, uk_half12, uk_half13, uk_half14},
+    {NULL, uk_rows1, uk_rows2, uk_rows3, uk_rows4, uk_rows5, uk_rows6, uk_rows7, uk_rows8, uk_rows9,
+     uk_rows10, uk_rows11, uk_rows12, uk_rows13, uk_rows14}};
+
+/* an mr x nr tile straight into C, with the epilogue in registers when it is one the kernel
+ * knows (*fused: the caller then skips epi_tile); 0 if it must go the generic way */
+static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
+  uk_epi e = {NULL, NULL, NULL, 0, EX_ACT_NONE};
+  const int reg = ep->act == EX_ACT_NONE || ep->act == EX_ACT_RELU || ep->act == EX_ACT_RELU6;
+  *fused = 0;
+  if (last && reg && (ep->bias || ep->res || ep->act != EX_ACT_NONE)) {
+    e.rb = ep->bias && ep->bias_rows ? ep->bias + i0 : NULL;
+    e.cb = ep->bias && !ep->bias_rows ? ep->bias + j0 : NULL;
+    e.res = ep->res ? ep->res + i0 * ep->res_ld + j0 : NULL;
+    e.res_ld = ep->res_ld;
+    e.act = ep->act;
+    *fused = 1;
+  }
+  const int nv = nr > 16 ? 2 : 1;
+  const __mmask16 mk = (__mmask16)((1u << (nr - 16 * (nv - 1))) - 1);
+  UK_TAB[nv - 1][mr](kc, a, b, c, ldc, acc, *fused ? &e : NULL, mk);
+  return 1;
 }
 #elif defined(EX_AVX2)
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
@@ -235,6 +323,16 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
       memcpy(c + i * ldc + h, &t[i], sizeof cv);
     }
   }
+}
+#endif
+
+#if !defined(EX_AVX512)
+static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
+  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
+  (void)ldc; (void)acc;
+  *fused = 0;
+  return 0;
 }
 #endif
 
@@ -298,7 +396,9 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 __builtin_prefetch(rr, 0, 3);
                 __builtin_prefetch(rr + nr - 1, 0, 3);
               }
-            if (mr == MR && nr == NR) {
+            int fused = 0;
+            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, c, ldc, pc > 0, &fused)) {
+            } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
             } else { /* partial tile through a buffer */
               ukernel(kc, pa, pb, edge, NR, 0);
@@ -306,7 +406,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = pc > 0 ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
             }
-            if (last) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
+            if (last && !fused) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
           }
         }
       }

@@ -22,7 +22,8 @@ ACTS = {"none": lib.EX_ACT_NONE, "relu": lib.EX_ACT_RELU, "relu6": lib.EX_ACT_RE
         "silu": lib.EX_ACT_SILU, "gelu": lib.EX_ACT_GELU, "gelu_tanh": lib.EX_ACT_GELU_TANH,
         "sigmoid": lib.EX_ACT_SIGMOID}
 _ALGOS = {"auto": lib.EX_CONV_AUTO, "gemm": lib.EX_CONV_GEMM, "depthwise": lib.EX_CONV_DEPTHWISE,
-          "winograd": lib.EX_CONV_WINOGRAD}
+          "winograd": lib.EX_CONV_WINOGRAD, "winograd2": lib.EX_CONV_WINOGRAD2}
+WINOGRAD_POINTS = {"winograd": 36, "winograd2": 16}  # transform points: F(4x4, 3x3), F(2x2, 3x3)
 
 
 def _fp(a):
@@ -125,15 +126,21 @@ def conv_out(size, k, s, p0, p1, d):
 
 
 def choose_conv_algo(c, oc, oh, ow, kernel, stride, dilation, groups):
-    """The planner's convolution algorithm for a shape: depthwise direct for one channel per group,
-    Winograd F(4x4, 3x3) for 3x3 stride-1 convolutions with enough channels and area, else
-    (im2col +) GEMM."""
+    """The planner's convolution algorithm for a shape: depthwise direct for one channel per group;
+    for 3x3 stride-1 convolutions Winograd F(4x4, 3x3) with enough channels and area, F(2x2, 3x3) on
+    small planes (7x7 to 26x26, where F(4x4)'s tiles waste much of their area and leave its GEMMs
+    few columns) with many channels, for the kernel variant in use; else (im2col +) GEMM."""
     if groups == c == oc and c > 1:
         return "depthwise"
+    if kernel != (3, 3) or stride != (1, 1) or dilation != (1, 1) or groups != 1:
+        return "gemm"
     tiles = -(-oh // 4) * -(-ow // 4)  # F(4x4, 3x3) output tiles: its 36 GEMMs have N = tiles
-    if (kernel == (3, 3) and stride == (1, 1) and dilation == (1, 1) and groups == 1 and c >= 16
-            and oc >= 16 and tiles >= 48):
+    if c >= 16 and oc >= 16 and tiles >= 48:
         return "winograd"
+    if c >= 64 and oc >= 64 and 7 <= oh <= 26 and 7 <= ow <= 26:
+        # F(2x2)'s transposed GEMMs suit the AVX-512 kernel's 14-row panels; the narrower AVX2 and
+        # portable kernels (6 x 16) run F(4x4)'s 16-column GEMMs well from 12 x 12 up
+        return "winograd2" if lib.ex_isa() == lib.EX_ISA_AVX512 or min(oh, ow) < 12 else "winograd"
     return "gemm"
 
 
@@ -143,6 +150,8 @@ def _conv_infer(x, w, *rest, stride, pads, dilation, groups, act, has_bias, has_
     if x.ndim != 4:
         raise ShapeError(f"conv2d: input must be NCHW (4-D), got shape {x.shape}")
     if wlayout == "winograd":
+        if algo not in WINOGRAD_POINTS or w.ndim != 3 or w.shape[0] != WINOGRAD_POINTS[algo]:
+            raise ShapeError(f"conv2d: transformed Winograd weight {w.shape} does not match algo={algo!r}")
         oc, cg, (kh, kw) = w.shape[1], w.shape[2], kernel
     else:
         if w.ndim != 4:
@@ -204,10 +213,17 @@ def conv_params(x_shape, out_shape, kernel, stride, pads, dilation, groups, act,
         act=ACTS[act], algo=_ALGOS[algo]))
 
 
-def winograd_weights(w: np.ndarray) -> np.ndarray:
-    """(oc, ic, 3, 3) float32 weights transformed for F(4x4, 3x3): shape (36, oc, ic)."""
+_G2 = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])  # F(2x2, 3x3) weight transform
+
+
+def winograd_weights(w: np.ndarray, algo: str = "winograd") -> np.ndarray:
+    """(oc, ic, 3, 3) float32 weights transformed for F(4x4, 3x3): shape (36, oc, ic); or, with
+    algo="winograd2", for F(2x2, 3x3): G w G^T, shape (16, oc, ic)."""
     w = np.ascontiguousarray(w, np.float32)
     oc, ic = w.shape[:2]
+    if algo == "winograd2":
+        u = np.einsum("ai,ocij,bj->aboc", _G2, w.astype(np.float64), _G2)
+        return np.ascontiguousarray(u.reshape(16, oc, ic), np.float32)
     u = np.empty((36, oc, ic), np.float32)
     check(lib.ex_winograd_weights(_fp(w), _fp(u), oc, ic), "winograd_weights")
     return u
@@ -221,12 +237,12 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
         algo = choose_conv_algo(x.shape[1], out.shape[1], out.shape[2], out.shape[3], tuple(kernel), stride,
                                 dilation, groups)
     keep = [w]
-    runtime_wino = algo == "winograd" and wlayout != "winograd"
-    if runtime_wino:
-        u = np.empty((36,) + w.shape[:2], np.float32)  # weights computed at run time: transform each run
+    runtime_wino = algo in WINOGRAD_POINTS and wlayout != "winograd"
+    if runtime_wino:  # weights computed at run time: transform each run
+        u = np.empty((WINOGRAD_POINTS[algo],) + w.shape[:2], np.float32)
         keep.append(u)
     p = conv_params(x.shape, out.shape, kernel, stride, pads, dilation, groups, act, algo)
-    if prepack and (algo == "gemm" or (algo == "winograd" and not runtime_wino)):
+    if prepack and (algo == "gemm" or (algo in WINOGRAD_POINTS and not runtime_wino)):
         # constant weights (or transformed Winograd weights): packed once for the GEMM micro-kernel
         packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
         check(lib.ex_conv_pack_weights(p, _fp(w), _fp(packed)), "conv2d")
@@ -237,7 +253,10 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
         wargs = (_fp(w), _fp(keep[1]), w.shape[0], w.shape[1])
 
         def run(keep=keep):
-            check(lib.ex_winograd_weights(*wargs), "conv2d")
+            if algo == "winograd2":
+                np.copyto(keep[1], winograd_weights(keep[0], algo))
+            else:
+                check(lib.ex_winograd_weights(*wargs), "conv2d")
             check(lib.ex_conv2d(*args), "conv2d")
         return run
     return lambda keep=keep: check(lib.ex_conv2d(*args), "conv2d")
