@@ -192,7 +192,7 @@ def test_conv_gemm_in_row_chunks(stride, isa, threads):
 @pytest.mark.parametrize("hw", [(1, 1), (2, 3), (7, 7), (8, 14), (17, 33), (40, 65)])
 @pytest.mark.parametrize("pad", [0, 1, 2])
 def test_depthwise_3x3(stride, hw, pad, isa):
-    """The flat depthwise 3x3 paths (stride 2 through parity phases) across plane sizes and padding."""
+    """The direct depthwise 3x3 kernel at stride 1 and 2 across plane sizes and padding."""
     h, w = hw
     if h + 2 * pad < 3 or w + 2 * pad < 3:
         return
