@@ -155,8 +155,8 @@ def _conv_pads(padding, kernel, dilation, stride):
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1):
     """2-D convolution over NCHW input with weight (out, in / groups, kh, kw), as PyTorch's.
     `padding` may also be (top, left, bottom, right). The planner picks the algorithm (1x1 and
-    im2col GEMM, depthwise direct, Winograd F(4x4, 3x3) or F(2x2, 3x3)); bias, a following activation, residual add
-    or batch norm fuse into the kernel.
+    im2col GEMM, depthwise direct, Winograd F(4x4, 3x3) or F(2x2, 3x3)); bias, a following
+    activation, residual add or batch norm fuse into the kernel.
 
     >>> import express as ex, express.nn.functional as F
     >>> F.conv2d(ex.ones((1, 3, 8, 8)), ex.ones((4, 3, 3, 3)), padding=1).shape
