@@ -41,7 +41,7 @@
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define GQ_MR 4 /* activation rows per pass */
 #define GQ_RB 4 /* weight rows per pass */
-#define GQ_PF 4096 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
+#define GQ_PF 16384 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
