@@ -41,7 +41,9 @@
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define GQ_MR 4 /* activation rows per pass */
 #define GQ_RB 4 /* weight rows per pass */
-#define GQ_PF 16384 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
+#define GQ_PF 16384
+#define GQ_YB 64 /* rows of W whose prefill results are gathered before they go to y */
+#define GQ_LDB (GQ_YB + 4) /* the row stride of that buffer: not a power of two */ /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
@@ -295,10 +297,10 @@ static void prep_task(void *ctx, int64_t g0, int64_t g1) {
 }
 
 /* rows [r0, r1) of y; wq / wd: the scratch of rows_lanes (when c->lq) */
-static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd) {
+static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd, float *yb) {
 #if defined(__x86_64__)
-  if (c->lq && wq && wd) {
-    (c->simd == 2 ? rows_lanes_vnni : rows_lanes_avx2)(c, r0, r1, wq, wd);
+  if (c->lq && wq && wd && yb) {
+    (c->simd == 2 ? rows_lanes_vnni : rows_lanes_avx2)(c, r0, r1, wq, wd, yb);
     return;
   }
   if (c->m == 1 && c->xu) {
@@ -329,7 +331,7 @@ static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd
     return;
   }
 #endif
-  (void)wq, (void)wd;
+  (void)wq, (void)wd, (void)yb;
   rows_generic(c, r0, r1);
 }
 
@@ -339,17 +341,18 @@ static void task(void *ctx, int64_t t0, int64_t t1) {
   (void)t0, (void)t1;
   const gq_ctx *c = ctx;
   uint8_t *wq = NULL;
-  float *wd = NULL;
+  float *wd = NULL, *yb = NULL;
   if (c->lq) { /* no memory: the paths below rows_lanes need none */
     wq = malloc((size_t)(GQ_RB * c->k));
     wd = malloc(sizeof(float) * (size_t)(GQ_RB * 3 * (c->k / 32)));
+    yb = malloc(sizeof(float) * (size_t)(c->m * GQ_LDB));
   }
   for (;;) {
     const int64_t r0 = atomic_fetch_add_explicit(c->next, 1, memory_order_relaxed) * c->per;
     if (r0 >= c->n) break;
-    rows(c, r0, r0 + c->per < c->n ? r0 + c->per : c->n, wq, wd);
+    rows(c, r0, r0 + c->per < c->n ? r0 + c->per : c->n, wq, wd, yb);
   }
-  free(wq), free(wd);
+  free(wq), free(wd), free(yb);
 }
 
 int64_t ex_ggml_row_bytes(int32_t type, int64_t k) {
