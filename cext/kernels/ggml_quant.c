@@ -261,7 +261,8 @@ static void lanes_group(const gq_acts *a, int kt, int64_t m, int64_t k, int L, i
       if (i < m) {
         const int8_t *src = a->q + i * k + 32 * b;
         for (int t = 0; t < 8; t++) memcpy(o + t * 4 * L + r * 4, src + 4 * t, 4);
-        for (int j = 0; j < 32; j++) s += src[j];
+        if (!kt) /* the K types take their bsums */
+          for (int j = 0; j < 32; j++) s += src[j];
       } else {
         for (int t = 0; t < 8; t++) memset(o + t * 4 * L + r * 4, 0, 4);
       }
