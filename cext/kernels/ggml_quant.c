@@ -23,10 +23,16 @@
  * Its own translation unit: the SIMD code (ggml_quant_simd.inc, included twice: AVX2 with
  * maddubs, AVX-512 VNNI with vpdpbusd/vpdpwssd) carries target pragmas and runs only when the
  * selected ISA (ex_isa) allows it, so EXPRESS_ISA=generic exercises the portable code.
- * Rows of W are split over the pool; a task takes 4 rows of W at a time against up to GQ_MR rows
- * of x, so each decoded weight block serves several activation rows (prefill).  One row of x
- * (decode) streams the weights from memory: the Q8_0 / Q4_0 / Q5_0 loops keep two accumulators
- * and prefetch GQ_PF bytes ahead; the K types unpack their scales with vector shuffles. */
+ * Work: the activations are quantized on the pool (groups of rows).  The rows of W are then
+ * claimed in small chunks off a shared counter by one task per thread, so a thread that is
+ * preempted or slow holds up the call by one chunk at most.
+ *   prefill (8 rows of x or more): the rows of x are interleaved so that the lanes of a vector
+ *     are 16 (AVX-512) or 8 (AVX2) rows of x; tiles of GQ_RB decoded rows of W against one or
+ *     two such groups keep 8 independent multiply-add chains per load (rows_lanes).
+ *   a few rows of x: GQ_RB rows of W at a time against up to GQ_MR rows of x (row_*).
+ *   decode (one row of x): the loops stream the weights from memory, prefetching GQ_PF bytes
+ *     ahead; Q8_0 / Q4_0 / Q5_0 take two blocks per 512-bit vector with AVX-512, the K types
+ *     unpack their scales with vector shuffles. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -41,9 +47,9 @@
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define GQ_MR 4 /* activation rows per pass */
 #define GQ_RB 4 /* weight rows per pass */
-#define GQ_PF 16384
+#define GQ_PF 16384 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
 #define GQ_YB 64 /* rows of W whose prefill results are gathered before they go to y */
-#define GQ_LDB (GQ_YB + 4) /* the row stride of that buffer: not a power of two */ /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
+#define GQ_LDB (GQ_YB + 4) /* the row stride of that buffer: not a power of two */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
@@ -297,7 +303,7 @@ static void prep_task(void *ctx, int64_t g0, int64_t g1) {
   }
 }
 
-/* rows [r0, r1) of y; wq / wd: the scratch of rows_lanes (when c->lq) */
+/* rows [r0, r1) of y; wq, wd, yb: the scratch of rows_lanes (when c->lq) */
 static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd, float *yb) {
 #if defined(__x86_64__)
   if (c->lq && wq && wd && yb) {
@@ -388,7 +394,8 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
     free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
     return EX_ENOMEM;
   }
-  gq_ctx c = {type, m, n, k, a, w, ex_ggml_row_bytes(type, k), bias, y, simd, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+  gq_ctx c = {.type = type, .m = m, .n = n, .k = k, .a = a, .w = w, .row_bytes = ex_ggml_row_bytes(type, k),
+              .bias = bias, .y = y, .simd = simd};
   if (lq && ld) c.lq = lq, c.ld = ld, c.ls = ld + m8 * (k / 32); /* else the row kernels */
   /* the activations on the pool when there are several rows to quantize */
   gq_prep prep = {&c, x, L};
@@ -419,6 +426,7 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
     per = (n + 16 * nt - 1) / (16 * nt);
     per = per < lo ? lo : per > hi ? hi : per;
     per = (per + GQ_RB - 1) / GQ_RB * GQ_RB;
+    if (per < GQ_RB) per = GQ_RB; /* many rows of x: hi is 0 */
   }
   _Atomic int64_t next = 0;
   c.next = &next, c.per = per;

@@ -125,10 +125,10 @@ def test_ggml_linear_row_and_tile_tails(isa, kind, n):
 
 
 @pytest.mark.parametrize("kind", list(BLOCK))
-@pytest.mark.parametrize("m", [1, 40])
-def test_ggml_linear_chunks_over_threads(isa, threads, kind, m):
-    """Enough rows for many chunks of rows claimed by the threads, a partial last chunk."""
-    n, k = 1027, 256
+@pytest.mark.parametrize("m, n, k", [(1, 1027, 256), (40, 1027, 256), (130, 9, 2048)])
+def test_ggml_linear_chunks_over_threads(isa, threads, kind, m, n, k):
+    """Enough rows for many chunks of rows claimed by the threads, a partial last chunk; and rows
+    of x whose weights per chunk exceed the chunk size (one tile per chunk)."""
     w = random_blocks(kind, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     want = reference(x, w, kind)
