@@ -416,20 +416,27 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
     }
     c.xoff = xoff;
   }
-  /* Chunks of rows claimed dynamically: about 16 per thread, each 32 KB to 256 KB of weights
-   * (times the rows of x) so that claiming one costs little; a decode step streams the weights,
-   * and small chunks keep both threads busy to the end.  Whole tiles of GQ_RB rows. */
+  /* Chunks of rows claimed dynamically: about 16 per thread (a preempted thread holds up the
+   * others by one), each at least 128 KB of weights times the rows of x so that claiming one
+   * costs little, but at least 4 per thread (balance); in whole tiles of GQ_RB rows, and for
+   * prefill whole buffers of GQ_YB rows (a partial one goes out to y with the strided stores
+   * the buffer avoids). */
   const int nt = ex_pool_width();
   int64_t per = n;
   if (nt > 1) {
-    const int64_t bytes = c.row_bytes * m, lo = 32768 / bytes, hi = 262144 / bytes;
+    const int64_t lo = 131072 / (c.row_bytes * m), hi = (n + 4 * nt - 1) / (4 * nt), unit = c.lq ? GQ_YB : GQ_RB;
     per = (n + 16 * nt - 1) / (16 * nt);
-    per = per < lo ? lo : per > hi ? hi : per;
-    per = (per + GQ_RB - 1) / GQ_RB * GQ_RB;
-    if (per < GQ_RB) per = GQ_RB; /* many rows of x: hi is 0 */
+    per = per < lo ? lo : per;
+    per = per > hi ? hi : per;
+    per = (per + unit - 1) / unit * unit;
   }
-  _Atomic int64_t next = 0;
-  c.next = &next, c.per = per;
+  /* the counter on a cache line of its own: claiming a chunk must not evict the line of c
+   * that the other threads read */
+  struct {
+    _Alignas(64) _Atomic int64_t v;
+    char pad[56];
+  } next = {0};
+  c.next = &next.v, c.per = per;
   ex_parallel_for(nt > 1 ? nt : 1, 1, task, &c);
   free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
   return EX_OK;
