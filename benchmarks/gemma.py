@@ -1,6 +1,7 @@
 """The real Gemma 3 270M (GGUF Q4_K_M from the `models` extra) against llama-cpp-python on the same
 file: prefill (128-token prompt) and decode (64 tokens) tokens/s, peak RSS, 1 and 2 threads.
-Each engine runs in its own process (so peak RSS is its own); medians over --repeat runs.
+Each engine runs in its own process (so peak RSS is its own); medians over --repeat runs, and with
+--rounds N the engines alternate N times and the table shows the medians of the rounds.
 
     pip install -e ".[models,bench]" && python benchmarks/gemma.py
 """
@@ -77,22 +78,33 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the engines this many times, alternating, and report the medians of the rounds")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         engine, th = a.worker
         print(json.dumps((run_express if engine == "express" else run_llama)(int(th), a.repeat)))
         return
-    rows = []
-    for th in a.threads:
-        for engine in ("express", "llama.cpp"):
-            out = subprocess.run([sys.executable, __file__, "--worker", engine, str(th), "--repeat", str(a.repeat)],
-                                 capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-            rows.append((engine, th, json.loads(out)))
+    engines = ("express", "llama.cpp")
+    runs = {(e, th): [] for th in a.threads for e in engines}
+    for r in range(a.rounds):
+        for th in a.threads:
+            for engine in engines if r % 2 == 0 else engines[::-1]:
+                out = subprocess.run([sys.executable, __file__, "--worker", engine, str(th), "--repeat", str(a.repeat)],
+                                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+                runs[engine, th].append(json.loads(out))
+    med = {key: {m: statistics.median(r[m] for r in rs) for m in ("prefill", "decode", "rss")} for key, rs in runs.items()}
     print("| engine | threads | prefill tok/s (128) | decode tok/s (64) | peak RSS MB |")
     print("|---|---|---|---|---|")
-    for engine, th, r in rows:
-        print(f"| {engine} | {th} | {r['prefill']:.1f} | {r['decode']:.1f} | {r['rss']:.0f} |")
+    for th in a.threads:
+        for engine in engines:
+            r = med[engine, th]
+            print(f"| {engine} | {th} | {r['prefill']:.1f} | {r['decode']:.1f} | {r['rss']:.0f} |")
+    for th in a.threads:
+        e, l = med["express", th], med["llama.cpp", th]
+        print(f"threads {th}: Express / llama.cpp  prefill {e['prefill'] / l['prefill']:.2f}x  "
+              f"decode {e['decode'] / l['decode']:.2f}x  (medians of {a.rounds} round(s))")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,18 @@
  * Its own translation unit: the SIMD code (ggml_quant_simd.inc, included twice: AVX2 with
  * maddubs, AVX-512 VNNI with vpdpbusd/vpdpwssd) carries target pragmas and runs only when the
  * selected ISA (ex_isa) allows it, so EXPRESS_ISA=generic exercises the portable code.
- * Rows of W are split over the pool; a task takes 4 rows of W at a time against up to GQ_MR rows
- * of x, so each decoded weight block serves several activation rows (prefill).  One row of x
- * (decode) streams the weights from memory: the Q8_0 / Q4_0 / Q5_0 loops keep two accumulators
- * and prefetch GQ_PF bytes ahead; the K types unpack their scales with vector shuffles. */
+ * Work: the activations are quantized on the pool (groups of rows).  The rows of W are then
+ * claimed in small chunks off a shared counter by one task per thread, so a thread that is
+ * preempted or slow holds up the call by one chunk at most.
+ *   prefill (8 rows of x or more): the rows of x are interleaved so that the lanes of a vector
+ *     are 16 (AVX-512) or 8 (AVX2) rows of x; tiles of GQ_RB decoded rows of W against one or
+ *     two such groups keep 8 independent multiply-add chains per load (rows_lanes).
+ *   a few rows of x: GQ_RB rows of W at a time against up to GQ_MR rows of x (row_*).
+ *   decode (one row of x): the loops stream the weights from memory, prefetching GQ_PF bytes
+ *     ahead; Q8_0 / Q4_0 / Q5_0 take two blocks per 512-bit vector with AVX-512, the K types
+ *     unpack their scales with vector shuffles. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +47,9 @@
 enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define GQ_MR 4 /* activation rows per pass */
 #define GQ_RB 4 /* weight rows per pass */
-#define GQ_PF 4096 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
+#define GQ_PF 16384 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
+#define GQ_YB 64 /* rows of W whose prefill results are gathered before they go to y */
+#define GQ_LDB (GQ_YB + 4) /* the row stride of that buffer: not a power of two */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
@@ -123,10 +132,14 @@ typedef struct {
   const float *bias;
   float *y;
   int simd; /* 0 portable, 1 AVX2, 2 AVX-512 VNNI */
-  /* prefill with Q8_0 activations (lanes_q8_0), or NULL: */
+  /* prefill: the activations interleaved by lanes_group, or NULL: */
   const int8_t *lq;  /* [G][k / 32][t 8][row L][j 4] = q[L G + row][32b + 4t + j], L = 16 (VNNI) or 8 */
   const float *ld;   /* [G][blocks][row L] scales */
-  const void *ls;    /* sums of the codes (lanes_q8) */
+  const void *ls;    /* sums of the codes (lanes_group) */
+  const uint8_t *xu; /* one row of Q8_0 x for VNNI: its codes + 128, or NULL */
+  const int32_t *xoff; /* one row of x for Q4_0 / Q5_0: -o * the codes' sum per block, or NULL */
+  _Atomic int64_t *next; /* the next chunk of rows to claim */
+  int64_t per; /* rows per chunk */
 } gq_ctx;
 
 /* ---- portable: one row of W against one row of x ---- */
@@ -223,101 +236,6 @@ static void rows_generic(const gq_ctx *c, int64_t r0, int64_t r1) {
 #pragma GCC pop_options
 #endif
 
-/* the activations of L rows at a time interleaved for rows_lanes / rows_lanes_k (rows past m are
- * zero): codes [G][b][t 8][row L][j 4]; scales [G][block][row]; for the 32-blocks the int32 sums of
- * each block's codes [G][b][row], for the K types their two int16 bsums [G][b][row][2]. */
-static void lanes_q8(const gq_acts *a, int kt, int64_t m, int64_t k, int L, int8_t *lq, float *ld, void *ls) {
-  const int64_t nb = k / 32, nd = kt ? k / 256 : nb, groups = (m + L - 1) / L;
-  for (int64_t G = 0; G < groups; G++) {
-    for (int64_t b = 0; b < nb; b++) {
-      int8_t *o = lq + (G * nb + b) * 32 * L;
-      for (int r = 0; r < L; r++) {
-        const int64_t i = L * G + r;
-        int32_t s = 0;
-        if (i < m) {
-          const int8_t *src = a->q + i * k + 32 * b;
-          for (int t = 0; t < 8; t++) memcpy(o + t * 4 * L + r * 4, src + 4 * t, 4);
-          for (int j = 0; j < 32; j++) s += src[j];
-        } else {
-          for (int t = 0; t < 8; t++) memset(o + t * 4 * L + r * 4, 0, 4);
-        }
-        if (kt) {
-          int16_t *bs = (int16_t *)ls + ((G * nb + b) * L + r) * 2;
-          bs[0] = i < m ? a->bs[i * (k / 16) + 2 * b] : 0;
-          bs[1] = i < m ? a->bs[i * (k / 16) + 2 * b + 1] : 0;
-        } else {
-          ((int32_t *)ls)[(G * nb + b) * L + r] = s;
-        }
-      }
-    }
-    for (int64_t b = 0; b < nd; b++)
-      for (int r = 0; r < L; r++) ld[(G * nd + b) * L + r] = L * G + r < m ? a->d[(L * G + r) * nd + b] : 0.0f;
-  }
-}
-
-static void task(void *ctx, int64_t r0, int64_t r1) {
-  const gq_ctx *c = ctx;
-#if defined(__x86_64__)
-  if (c->lq) {
-    uint8_t *wq = malloc((size_t)c->k);
-    float *wd = malloc(sizeof(float) * (size_t)(c->k / 32) * 3); /* scales (and the K types' mins) */
-    if (wq && wd) {
-      const int kt = block_values(c->type) == 256;
-      if (c->simd == 2)
-        (kt ? rows_lanes_k_vnni : rows_lanes_vnni)(c, r0, r1, wq, wd);
-      else
-        (kt ? rows_lanes_k_avx2 : rows_lanes_avx2)(c, r0, r1, wq, wd);
-      free(wq), free(wd);
-      return;
-    }
-    free(wq), free(wd); /* no memory for the row: the path below needs none */
-  }
-  if (c->simd == 2 && c->type == T_Q8_0 && c->m == 1) {
-    uint8_t *xu = malloc((size_t)c->k);
-    if (xu) {
-      for (int64_t j = 0; j < c->k; j++) xu[j] = (uint8_t)(c->a.q[j] + 128);
-      rows_q8_0_m1_vnni(c, r0, r1, xu);
-      free(xu);
-      return;
-    }
-  }
-  if (c->simd == 1 && c->type == T_Q8_0 && c->m == 1) {
-    rows_q8_0_m1_avx2(c, r0, r1);
-    return;
-  }
-  if (c->simd && (c->type == T_Q5_0 || c->type == T_Q4_0) && c->m == 1) {
-    int32_t *xoff = calloc((size_t)(c->k / 32) * 8, sizeof(int32_t));
-    if (xoff) {
-      const int off = c->type == T_Q5_0 ? 16 : 8;
-      for (int64_t b = 0; b < c->k / 32; b++) {
-        int32_t s = 0;
-        for (int j = 0; j < 32; j++) s += c->a.q[32 * b + j];
-        xoff[8 * b] = -off * s;
-      }
-      (c->simd == 2 ? rows_q0u_m1_vnni : rows_q0u_m1_avx2)(c, r0, r1, xoff);
-      free(xoff);
-      return;
-    }
-  }
-  if (c->simd) {
-    for (int64_t rb = r0; rb < r1; rb += GQ_RB) {
-      const int64_t re = rb + GQ_RB < r1 ? rb + GQ_RB : r1;
-      for (int64_t i0 = 0; i0 < c->m; i0 += GQ_MR) {
-        const int mr = (int)(c->m - i0 < GQ_MR ? c->m - i0 : GQ_MR);
-        for (int64_t r = rb; r < re; r++) {
-          if (c->simd == 2)
-            row_vnni(c, r, i0, mr);
-          else
-            row_avx2(c, r, i0, mr);
-        }
-      }
-    }
-    return;
-  }
-#endif
-  rows_generic(c, r0, r1);
-}
-
 /* row i of the activations, quantized for the weight type (Q8_K for the K types, else Q8_0) */
 static void quantize_row(int simd, int kt, const float *x, int64_t k, gq_acts *a, int64_t i) {
 #if defined(__x86_64__)
@@ -335,6 +253,115 @@ static void quantize_row(int simd, int kt, const float *x, int64_t k, gq_acts *a
     quantize_q8_0(x, k, a->q + i * k, a->d + i * (k / 32));
 }
 
+/* group G of the activations (rows L G .. L G + L - 1, those past m zero) interleaved for
+ * rows_lanes: codes [G][b][t 8][row L][j 4]; scales [G][block][row]; for the 32-blocks the int32
+ * sums of each block's codes [G][b][row], for the K types their two int16 bsums [G][b][row][2]. */
+static void lanes_group(const gq_acts *a, int kt, int64_t m, int64_t k, int L, int64_t G, int8_t *lq, float *ld,
+                        void *ls) {
+  const int64_t nb = k / 32, nd = kt ? k / 256 : nb;
+  for (int64_t b = 0; b < nb; b++) {
+    int8_t *o = lq + (G * nb + b) * 32 * L;
+    for (int r = 0; r < L; r++) {
+      const int64_t i = L * G + r;
+      int32_t s = 0;
+      if (i < m) {
+        const int8_t *src = a->q + i * k + 32 * b;
+        for (int t = 0; t < 8; t++) memcpy(o + t * 4 * L + r * 4, src + 4 * t, 4);
+        if (!kt) /* the K types take their bsums */
+          for (int j = 0; j < 32; j++) s += src[j];
+      } else {
+        for (int t = 0; t < 8; t++) memset(o + t * 4 * L + r * 4, 0, 4);
+      }
+      if (kt) {
+        int16_t *bs = (int16_t *)ls + ((G * nb + b) * L + r) * 2;
+        bs[0] = i < m ? a->bs[i * (k / 16) + 2 * b] : 0;
+        bs[1] = i < m ? a->bs[i * (k / 16) + 2 * b + 1] : 0;
+      } else {
+        ((int32_t *)ls)[(G * nb + b) * L + r] = s;
+      }
+    }
+  }
+  for (int64_t b = 0; b < nd; b++)
+    for (int r = 0; r < L; r++) ld[(G * nd + b) * L + r] = L * G + r < m ? a->d[(L * G + r) * nd + b] : 0.0f;
+}
+
+/* preparing the activations on the pool: groups of L rows are quantized, then (c->lq) interleaved */
+typedef struct {
+  gq_ctx *c;
+  const float *x;
+  int L;
+} gq_prep;
+
+static void prep_task(void *ctx, int64_t g0, int64_t g1) {
+  const gq_prep *p = ctx;
+  gq_ctx *c = p->c;
+  const int kt = block_values(c->type) == 256;
+  for (int64_t G = g0; G < g1; G++) {
+    const int64_t i1 = (G + 1) * p->L < c->m ? (G + 1) * p->L : c->m;
+    for (int64_t i = G * p->L; i < i1; i++) quantize_row(c->simd, kt, p->x + i * c->k, c->k, &c->a, i);
+    if (c->lq) lanes_group(&c->a, kt, c->m, c->k, p->L, G, (int8_t *)c->lq, (float *)c->ld, (void *)c->ls);
+  }
+}
+
+/* rows [r0, r1) of y; wq, wd, yb: the scratch of rows_lanes (when c->lq) */
+static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd, float *yb) {
+#if defined(__x86_64__)
+  if (c->lq && wq && wd && yb) {
+    (c->simd == 2 ? rows_lanes_vnni : rows_lanes_avx2)(c, r0, r1, wq, wd, yb);
+    return;
+  }
+  if (c->m == 1 && c->xu) {
+    rows_q8_0_m1_vnni(c, r0, r1, c->xu);
+    return;
+  }
+  if (c->simd == 1 && c->type == T_Q8_0 && c->m == 1) {
+    rows_q8_0_m1_avx2(c, r0, r1);
+    return;
+  }
+  if (c->m == 1 && c->xoff) {
+    (c->simd == 2 ? rows_q0u_m1_vnni : rows_q0u_m1_avx2)(c, r0, r1, c->xoff);
+    return;
+  }
+  if (c->simd) {
+    for (int64_t rb = r0; rb < r1; rb += GQ_RB) {
+      const int64_t re = rb + GQ_RB < r1 ? rb + GQ_RB : r1;
+      for (int64_t i0 = 0; i0 < c->m; i0 += GQ_MR) {
+        const int mr = (int)(c->m - i0 < GQ_MR ? c->m - i0 : GQ_MR);
+        for (int64_t r = rb; r < re; r++) {
+          if (c->simd == 2)
+            row_vnni(c, r, i0, mr);
+          else
+            row_avx2(c, r, i0, mr);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  (void)wq, (void)wd, (void)yb;
+  rows_generic(c, r0, r1);
+}
+
+/* One per thread: claims chunks of c->per rows off a shared counter until none are left, so a
+ * thread that is preempted or slow holds up the call by one small chunk at most. */
+static void task(void *ctx, int64_t t0, int64_t t1) {
+  (void)t0, (void)t1;
+  const gq_ctx *c = ctx;
+  uint8_t *wq = NULL;
+  float *wd = NULL, *yb = NULL;
+  if (c->lq) { /* no memory: the paths below rows_lanes need none */
+    wq = malloc((size_t)(GQ_RB * c->k));
+    wd = malloc(sizeof(float) * (size_t)(GQ_RB * 3 * (c->k / 32)));
+    yb = malloc(sizeof(float) * (size_t)(c->m * GQ_LDB));
+  }
+  for (;;) {
+    const int64_t r0 = atomic_fetch_add_explicit(c->next, 1, memory_order_relaxed) * c->per;
+    if (r0 >= c->n) break;
+    rows(c, r0, r0 + c->per < c->n ? r0 + c->per : c->n, wq, wd, yb);
+  }
+  free(wq), free(wd), free(yb);
+}
+
 int64_t ex_ggml_row_bytes(int32_t type, int64_t k) {
   const int64_t bb = block_bytes(type);
   return bb && k > 0 && k % block_values(type) == 0 ? k / block_values(type) * bb : EX_EINVAL;
@@ -345,38 +372,72 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
   if (ex_ggml_row_bytes(type, k) < 0 || m < 0 || n < 0) return EX_EINVAL;
   if (m == 0 || n == 0) return EX_OK;
   const int kt = block_values(type) == 256;
-  gq_acts a;
-  a.q = malloc((size_t)(m * k));
-  a.d = malloc(sizeof(float) * (size_t)(m * k / (kt ? 256 : 32)));
-  a.bs = kt ? malloc(sizeof(int16_t) * (size_t)(m * k / 16)) : NULL;
-  if (!a.q || !a.d || (kt && !a.bs)) {
-    free(a.q), free(a.d), free(a.bs);
-    return EX_ENOMEM;
-  }
   int simd = 0;
 #if defined(__x86_64__)
   const int isa = ex_isa();
   simd = isa == EX_ISA_AVX512 && __builtin_cpu_supports("avx512vnni") ? 2 : isa != EX_ISA_GENERIC ? 1 : 0;
 #endif
-  for (int64_t i = 0; i < m; i++) quantize_row(simd, kt, x + i * k, k, &a, i);
-  gq_ctx c = {type, m, n, k, a, w, ex_ggml_row_bytes(type, k), bias, y, simd, NULL, NULL, NULL};
   /* prefill: activation rows in vector lanes (not for Q8_0 without VNNI: its unsigned codes
    * would overflow maddubs' int16 sums) */
-  int8_t *lq = NULL;
-  float *ld = NULL;
-  if (simd && m >= 8 && (simd == 2 || type != T_Q8_0)) {
-    const int L = simd == 2 ? 16 : 8; /* rows of x per vector */
-    const int64_t m8 = (m + L - 1) / L * L;
-    lq = malloc((size_t)(m8 * k));
-    ld = malloc(sizeof(float) * (size_t)(2 * m8 * (k / 32)));
-    if (lq && ld) {
-      lanes_q8(&a, kt, m, k, L, lq, ld, ld + m8 * (k / 32));
-      c.lq = lq, c.ld = ld, c.ls = ld + m8 * (k / 32);
-    }
+  const int lanes = simd && m >= 8 && (simd == 2 || type != T_Q8_0);
+  const int L = simd == 2 ? 16 : 8; /* rows of x per vector */
+  const int64_t m8 = (m + L - 1) / L * L;
+  gq_acts a;
+  a.q = malloc((size_t)(m * k));
+  a.d = malloc(sizeof(float) * (size_t)(m * k / (kt ? 256 : 32)));
+  a.bs = kt ? malloc(sizeof(int16_t) * (size_t)(m * k / 16)) : NULL;
+  int8_t *lq = lanes ? malloc((size_t)(m8 * k)) : NULL;
+  float *ld = lanes ? malloc(sizeof(float) * (size_t)(2 * m8 * (k / 32))) : NULL;
+  uint8_t *xu = simd == 2 && type == T_Q8_0 && m == 1 ? malloc((size_t)k) : NULL;
+  int32_t *xoff = simd && (type == T_Q4_0 || type == T_Q5_0) && m == 1 ? calloc((size_t)(k / 32) * 8, sizeof(int32_t)) : NULL;
+  if (!a.q || !a.d || (kt && !a.bs)) {
+    free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
+    return EX_ENOMEM;
   }
-  /* about 64k weights per task, at least 4 rows */
-  const int64_t grain = k * m < 65536 ? 65536 / (k * m) + 4 : 4;
-  ex_parallel_for(n, grain, task, &c);
-  free(a.q), free(a.d), free(a.bs), free(lq), free(ld);
+  gq_ctx c = {.type = type, .m = m, .n = n, .k = k, .a = a, .w = w, .row_bytes = ex_ggml_row_bytes(type, k),
+              .bias = bias, .y = y, .simd = simd};
+  if (lq && ld) c.lq = lq, c.ld = ld, c.ls = ld + m8 * (k / 32); /* else the row kernels */
+  /* the activations on the pool when there are several rows to quantize */
+  gq_prep prep = {&c, x, L};
+  const int64_t groups = (m + L - 1) / L;
+  ex_parallel_for(groups, m * k >= 16384 ? 1 : groups, prep_task, &prep);
+  /* one row of x: its per-call forms for the one-row kernels (the codes + 128 for vpdpbusd's
+   * unsigned side; -o * the sum of each block's codes for Q4_0 / Q5_0) */
+  if (xu) {
+    for (int64_t j = 0; j < k; j++) xu[j] = (uint8_t)(a.q[j] + 128);
+    c.xu = xu;
+  }
+  if (xoff) {
+    const int off = type == T_Q5_0 ? 16 : 8;
+    for (int64_t b = 0; b < k / 32; b++) {
+      int32_t s = 0;
+      for (int j = 0; j < 32; j++) s += a.q[32 * b + j];
+      xoff[8 * b] = -off * s;
+    }
+    c.xoff = xoff;
+  }
+  /* Chunks of rows claimed dynamically: about 16 per thread (a preempted thread holds up the
+   * others by one), each at least 128 KB of weights times the rows of x so that claiming one
+   * costs little, but at least 4 per thread (balance); in whole tiles of GQ_RB rows, and for
+   * prefill whole buffers of GQ_YB rows (a partial one goes out to y with the strided stores
+   * the buffer avoids). */
+  const int nt = ex_pool_width();
+  int64_t per = n;
+  if (nt > 1) {
+    const int64_t lo = 131072 / (c.row_bytes * m), hi = (n + 4 * nt - 1) / (4 * nt), unit = c.lq ? GQ_YB : GQ_RB;
+    per = (n + 16 * nt - 1) / (16 * nt);
+    per = per < lo ? lo : per;
+    per = per > hi ? hi : per;
+    per = (per + unit - 1) / unit * unit;
+  }
+  /* the counter on a cache line of its own: claiming a chunk must not evict the line of c
+   * that the other threads read */
+  struct {
+    _Alignas(64) _Atomic int64_t v;
+    char pad[56];
+  } next = {0};
+  c.next = &next.v, c.per = per;
+  ex_parallel_for(nt > 1 ? nt : 1, 1, task, &c);
+  free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
   return EX_OK;
 }

@@ -99,3 +99,57 @@ def test_ggml_linear_bad_input():
         ggml_linear(x, w.view(np.int8), "Q8_0")
     with pytest.raises(ex.ShapeError, match="bias"):
         ggml_linear(x, w, "Q8_0", np.zeros(3, np.float32))
+
+
+def reference(x, w, kind, bias=None):
+    """The dot of llama.cpp's quantized activations with the dequantized blocks, in float64."""
+    xa = q8_k(x) if kind.endswith("_K") else q8_0(x)
+    n = w.shape[0]
+    want = xa.astype(np.float64) @ quants.dequantize(w, Q[kind]).reshape(n, -1).T.astype(np.float64)
+    return want if bias is None else want + bias
+
+
+@pytest.mark.parametrize("kind", list(BLOCK))
+@pytest.mark.parametrize("n", [1, 7, 17, 65])  # output rows: tails of the 4-row weight tiles
+def test_ggml_linear_row_and_tile_tails(isa, kind, n):
+    """m = 1..9 (decode, the few-row kernels, the first rows-in-lanes sizes) and sizes around one
+    and two vectors of rows (8 or 16 lanes, tiles of two groups): 15, 17, 33, 47."""
+    k = 512 if kind.endswith("_K") else 96
+    w = random_blocks(kind, n, k)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in list(range(1, 10)) + [15, 17, 33, 47]:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        want = reference(x, w, kind, bias)
+        y = ggml_linear(ex.asarray(x), w, kind, bias).numpy()
+        np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max(), err_msg=f"m={m}")
+
+
+@pytest.mark.parametrize("kind", list(BLOCK))
+@pytest.mark.parametrize("m, n, k", [(1, 1027, 256), (40, 1027, 256), (130, 9, 2048)])
+def test_ggml_linear_chunks_over_threads(isa, threads, kind, m, n, k):
+    """Enough rows for many chunks of rows claimed by the threads, a partial last chunk; and rows
+    of x whose weights per chunk exceed the chunk size (one tile per chunk)."""
+    w = random_blocks(kind, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    want = reference(x, w, kind)
+    y = ggml_linear(ex.asarray(x), w, kind).numpy()
+    np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", list(BLOCK))
+def test_ggml_linear_variants_agree(kind):
+    """The portable, AVX2 and AVX-512 kernels give the same products up to float summation order."""
+    from tests.conftest import ISAS
+    n, k, m = 33, 768, 19
+    w = random_blocks(kind, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    before, out = ex.isa(), {}
+    try:
+        for name in ISAS:
+            ex.set_isa(name)
+            out[name] = ggml_linear(ex.asarray(x), w, kind).numpy()
+    finally:
+        ex.set_isa(before)
+    for name in ISAS:
+        np.testing.assert_allclose(out[name], out["generic"], rtol=0, atol=2e-6 * np.abs(out["generic"]).max(),
+                                   err_msg=name)
