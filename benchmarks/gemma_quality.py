@@ -34,24 +34,29 @@ def main():
     import llm
     from llm.gguf import default_model_path
     ours = llm.load("gemma-3-270m", max_context=512)
-    ref = Llama(model_path=default_model_path(), n_ctx=512, logits_all=True, n_threads=2, verbose=False)
-    ids = ref.tokenize(TEXT.encode(), add_bos=True)
-    assert ours.tokenizer.encode(TEXT) == ids, "tokenizers disagree"
-    ref.reset()
-    ref.eval(ids)
-    a, b = log_softmax(ours.forward(ids)), log_softmax(np.array(ref.scores[:len(ids)]))
-    nll = lambda lp: -lp[np.arange(len(ids) - 1), ids[1:]].mean()  # noqa: E731
-    print(f"paragraph: {len(ids)} tokens, top-1 agreement {(a.argmax(-1) == b.argmax(-1)).mean():.3f}, "
-          f"perplexity express {np.exp(nll(a)):.3f} / llama.cpp {np.exp(nll(b)):.3f}, "
-          f"mean KL(llama.cpp || express) {(np.exp(b) * (b - a)).sum(-1).mean():.4f}")
-    same = 0
-    for p in PROMPTS:
-        x = ours.generate(p, max_new_tokens=32)
-        y = ref(p, max_tokens=32, temperature=0.0, top_k=1, repeat_penalty=1.0)["choices"][0]["text"]
-        n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-        same += x == y
-        print(f"{p!r}: {'identical' if x == y else f'first {n} characters agree'}")
-    print(f"greedy 32 tokens: {same} of {len(PROMPTS)} prompts identical")
+    # llama.cpp keeps its KV cache in float16 by default; Express keeps it in float32, so the
+    # reference runs both ways (GGML_TYPE_F32 = 0)
+    for label, kv in (("f16 KV cache (its default)", {}), ("f32 KV cache (as Express)", dict(type_k=0, type_v=0))):
+        ref = Llama(model_path=default_model_path(), n_ctx=512, logits_all=True, n_threads=2, verbose=False, **kv)
+        ids = ref.tokenize(TEXT.encode(), add_bos=True)
+        assert ours.tokenizer.encode(TEXT) == ids, "tokenizers disagree"
+        ref.reset()
+        ref.eval(ids)
+        a, b = log_softmax(ours.forward(ids)), log_softmax(np.array(ref.scores[:len(ids)]))
+        nll = lambda lp: -lp[np.arange(len(ids) - 1), ids[1:]].mean()  # noqa: E731
+        print(f"llama.cpp with {label}:")
+        print(f"  paragraph: {len(ids)} tokens, top-1 agreement {(a.argmax(-1) == b.argmax(-1)).mean():.3f}, "
+              f"perplexity express {np.exp(nll(a)):.3f} / llama.cpp {np.exp(nll(b)):.3f} "
+              f"({abs(np.exp(nll(a) - nll(b)) - 1):.2%} apart), "
+              f"mean KL(llama.cpp || express) {(np.exp(b) * (b - a)).sum(-1).mean():.4f}")
+        same = 0
+        for p in PROMPTS:
+            x = ours.generate(p, max_new_tokens=32)
+            y = ref(p, max_tokens=32, temperature=0.0, top_k=1, repeat_penalty=1.0)["choices"][0]["text"]
+            n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            same += x == y
+            print(f"  {p!r}: {'identical' if x == y else f'first {n} characters agree'}")
+        print(f"  greedy 32 tokens: {same} of {len(PROMPTS)} prompts identical")
 
 
 if __name__ == "__main__":
