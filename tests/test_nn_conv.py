@@ -100,19 +100,25 @@ def test_pools(args, isa):
           torch.nn.functional.avg_pool2d(tx, count_include_pad=False, **args).numpy())
 
 
+def _window_fits(hw, k, p, d):
+    dh, dw = (d, d) if isinstance(d, int) else d
+    return hw[0] + 2 * p >= (k - 1) * dh + 1 and hw[1] + 2 * p >= (k - 1) * dw + 1
+
+
 POOL_S2 = [(hw, *a) for hw in [(1, 1), (2, 3), (7, 7), (8, 17), (17, 8), (33, 20), (112, 112)]
-           for a in [(3, 2, 1, False), (3, 2, 0, True), (2, 2, 0, False), (5, 2, 2, False), (3, (1, 2), 1, False)]
-           if min(hw) + 2 * a[2] >= a[0]]  # the window fits the padded input
+           for a in [(3, 2, 1, False, 1), (3, 2, 0, True, 1), (2, 2, 0, False, 1), (5, 2, 2, False, 1),
+                     (3, (1, 2), 1, False, 1), (3, 2, 1, False, (2, 1))]  # k, stride, padding, ceil_mode, dilation
+           if _window_fits(hw, a[0], a[2], a[4])]
 
 
-@pytest.mark.parametrize("hw,k,s,p,ceil", POOL_S2)
-def test_max_pool_stride2_columns(hw, k, s, p, ceil, isa):
+@pytest.mark.parametrize("hw,k,s,p,ceil,d", POOL_S2)
+def test_max_pool_stride2_columns(hw, k, s, p, ceil, d, isa):
     """The max pool that reads its rows straight from the input (column stride 2), NaN included."""
     import torch
     x = rnd(2, 3, *hw)
     x[0, 1].flat[::5] = np.nan  # NaN wins its windows, as in PyTorch
-    want = torch.nn.functional.max_pool2d(torch.from_numpy(x), k, s, p, ceil_mode=ceil).numpy()
-    got = np.asarray(F.max_pool2d(x, k, s, p, ceil_mode=ceil))
+    want = torch.nn.functional.max_pool2d(torch.from_numpy(x), k, s, p, dilation=d, ceil_mode=ceil).numpy()
+    got = np.asarray(F.max_pool2d(x, k, s, p, dilation=d, ceil_mode=ceil))
     np.testing.assert_array_equal(got, want)
 
 

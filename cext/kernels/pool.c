@@ -28,22 +28,11 @@ static void max_into(float *d, const float *s, int64_t n) {
   for (; i < n; i++) d[i] = nan_max(d[i], s[i]);
 }
 
-/* v[0 .. 2 n) split into its even and odd elements */
-static void deinterleave(const float *v, int64_t n, float *ev, float *od) {
-  int64_t i = 0;
-#ifdef EX_AVX2
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_loadu_ps(v + 2 * i), b = _mm256_loadu_ps(v + 2 * i + 8);
-    /* within each 128-bit lane: a0 a2 b0 b2 | a4 a6 b4 b6; the 64-bit permute restores order */
-    const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-    _mm256_storeu_ps(ev + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0))));
-    _mm256_storeu_ps(od + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0))));
-  }
-#endif
-  for (; i < n; i++) { ev[i] = v[2 * i]; od[i] = v[2 * i + 1]; }
-}
-
-/* Fast path: the plane copied into a padded buffer (-inf for max, 0 for avg), then per output
+/* Max pooling with column stride 2 (3x3 s2 in ResNets) reads the input rows in place: per output
+ * row the max over the window's rows that lie inside the plane (unit stride, into the padded row
+ * v), that row split into even and odd columns, then the max over the kw taps, every one a
+ * unit-stride read: column 2 ox + j is ev[ox + j / 2] or od[ox + j / 2].
+ * Otherwise the plane is copied into a padded buffer (-inf for max, 0 for avg), then per output
  * row a max/sum over the taps with unit (or constant) stride inner loops; avg divides by the
  * window size clipped as PyTorch does. */
 static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *pad, float *acc) {
@@ -51,27 +40,22 @@ static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *
                 PW = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
   const int mx = g->kind == EX_POOL_MAX;
   const float fill = mx ? -INFINITY : 0.0f;
-  if (mx && g->sw == 2 && g->dw == 1 && g->dh == 1) {
-    /* max pool with column stride 2 (3x3 s2 in ResNets), straight from the input rows: per
-     * output row the max over the window's rows that lie inside the plane (unit stride, into the
-     * padded row v), that row split into even and odd columns, then the max over the kw taps,
-     * every one a unit-stride read: column 2 ox + j is ev[ox + j / 2] or od[ox + j / 2] */
+  const int64_t lo = EX_MIN(g->pw, PW), hi = EX_MAX(EX_MIN(PW, g->pw + g->w), lo); /* inside the row */
+  if (mx && g->sw == 2 && g->dw == 1) {
     float *v = acc + g->ow, *ev = v + PW, *od = ev + (PW + 1) / 2;
-    const int64_t lo = EX_MIN(g->pw, PW), hi = EX_MIN(PW, g->pw + g->w);
     for (int64_t c = 0; c < lo; c++) v[c] = -INFINITY;
-    for (int64_t c = EX_MAX(hi, lo); c < PW; c++) v[c] = -INFINITY;
+    for (int64_t c = hi; c < PW; c++) v[c] = -INFINITY;
     for (int64_t oy = 0; oy < g->oh; oy++) {
-      const int64_t y0 = oy * g->sh - g->ph, r0 = EX_MAX(y0, 0), r1 = EX_MIN(y0 + g->kh, g->h);
-      float *vi = v + lo;
-      const int64_t n = hi - lo;
-      if (r0 >= r1) for (int64_t c = 0; c < n; c++) vi[c] = -INFINITY;
-      else {
-        const float *row = x + r0 * g->w + (lo - g->pw);
-        memcpy(vi, row, (size_t)n * sizeof(float));
-        for (int64_t r = r0 + 1; r < r1; r++) max_into(vi, row += g->w, n);
+      int rows = 0;
+      for (int64_t i = 0; i < g->kh; i++) {
+        const int64_t iy = oy * g->sh - g->ph + i * g->dh;
+        if (iy < 0 || iy >= g->h) continue;
+        const float *row = x + iy * g->w + (lo - g->pw);
+        if (rows++) max_into(v + lo, row, hi - lo);
+        else memcpy(v + lo, row, (size_t)(hi - lo) * sizeof(float));
       }
-      deinterleave(v, PW / 2, ev, od);
-      if (PW & 1) ev[PW / 2] = v[PW - 1];
+      if (!rows) for (int64_t c = lo; c < hi; c++) v[c] = -INFINITY;
+      deinterleave(v, PW, ev, od);
       float *yr = y + oy * g->ow;
       memcpy(yr, ev, (size_t)g->ow * sizeof(float));
       for (int64_t j = 1; j < g->kw; j++) max_into(yr, (j & 1 ? od : ev) + j / 2, g->ow);
@@ -82,33 +66,9 @@ static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *
     const int64_t iy = r - g->ph;
     float *d = pad + r * PW;
     if (iy < 0 || iy >= g->h) { for (int64_t c = 0; c < PW; c++) d[c] = fill; continue; }
-    const int64_t lo = EX_MIN(g->pw, PW), hi = EX_MIN(PW, g->pw + g->w);
     for (int64_t c = 0; c < lo; c++) d[c] = fill;
     if (hi > lo) memcpy(d + lo, x + iy * g->w, (size_t)(hi - lo) * sizeof(float));
-    for (int64_t c = EX_MAX(hi, lo); c < PW; c++) d[c] = fill;
-  }
-  if (mx && g->sw == 2 && g->dw == 1) {
-    /* max pool with column stride 2 (3x3 s2 in ResNets): the max over the window's rows first
-     * (unit stride), that row split into even and odd columns, then the max over the kw taps,
-     * every one a unit-stride read: column 2 ox + j is ev[ox + j / 2] or od[ox + j / 2] */
-    float *v = acc + g->ow, *ev = v + PW, *od = ev + (PW + 1) / 2;
-    for (int64_t oy = 0; oy < g->oh; oy++) {
-      const float *r0 = pad + oy * g->sh * PW;
-      for (int64_t c = 0; c < PW; c++) v[c] = r0[c];
-      for (int64_t i = 1; i < g->kh; i++) {
-        const float *row = r0 + i * g->dh * PW;
-        for (int64_t c = 0; c < PW; c++) v[c] = nan_max(v[c], row[c]);
-      }
-      for (int64_t c = 0; c + 1 < PW; c += 2) { ev[c / 2] = v[c]; od[c / 2] = v[c + 1]; }
-      if (PW & 1) ev[PW / 2] = v[PW - 1];
-      float *yr = y + oy * g->ow;
-      for (int64_t ox = 0; ox < g->ow; ox++) yr[ox] = ev[ox];
-      for (int64_t j = 1; j < g->kw; j++) {
-        const float *s = (j & 1 ? od : ev) + j / 2;
-        for (int64_t ox = 0; ox < g->ow; ox++) yr[ox] = nan_max(yr[ox], s[ox]);
-      }
-    }
-    return;
+    for (int64_t c = hi; c < PW; c++) d[c] = fill;
   }
   for (int64_t oy = 0; oy < g->oh; oy++) {
     for (int64_t ox = 0; ox < g->ow; ox++) acc[ox] = fill;
