@@ -134,3 +134,19 @@ def test_gemm_epilogue_partial_panels(m, a, isa):
     got = ops_nn.node(ops_nn.CONV2D, [ex.asarray(t) for t in (xc, wc, bc, rc)], stride=(1, 1), pads=(0, 0, 0, 0),
                       dilation=(1, 1), groups=1, act=a, has_bias=True, has_res=True, algo="gemm")
     assert rel_err(got, act(ref + rc, a)) <= 1e-5
+
+
+@pytest.mark.parametrize("a", ["relu", "relu6"])
+def test_gemm_epilogue_keeps_nan(a, isa):
+    """ReLU / ReLU6 in the micro-kernel's registers pass NaN through, as NumPy's maximum / clip and
+    the epilogue pass after the store do."""
+    m, k, n = 29, 37, 65
+    x, w, b = rnd(m, k), rnd(n, k), rnd(n)
+    x[3, 5] = np.nan  # row 3 of the output is all NaN
+    y = np.asarray(ops_nn.node(ops_nn.LINEAR, [ex.asarray(t) for t in (x, w, b)], act=a, has_bias=True,
+                                 has_res=False))
+    want = act(x.astype(np.float64) @ w.T.astype(np.float64) + b, a)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    assert np.isnan(want[3]).all()
+    ok = ~np.isnan(want)
+    assert rel_err(y[ok], want[ok]) <= 1e-5

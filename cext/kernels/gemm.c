@@ -214,11 +214,13 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
         c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ri));
         if (nv == 2) c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ri + 16));
       }
+      /* the constant first: max/min return their second operand when either is NaN, so NaN
+       * passes through as in act_row */
       if (e->act == EX_ACT_RELU || e->act == EX_ACT_RELU6) {
-        c0[i] = _mm512_max_ps(c0[i], zero);
-        c1[i] = _mm512_max_ps(c1[i], zero);
+        c0[i] = _mm512_max_ps(zero, c0[i]);
+        c1[i] = _mm512_max_ps(zero, c1[i]);
       }
-      if (e->act == EX_ACT_RELU6) { c0[i] = _mm512_min_ps(c0[i], six); c1[i] = _mm512_min_ps(c1[i], six); }
+      if (e->act == EX_ACT_RELU6) { c0[i] = _mm512_min_ps(six, c0[i]); c1[i] = _mm512_min_ps(six, c1[i]); }
     }
     if (nv == 2) {
       _mm512_storeu_ps(ci, c0[i]);
