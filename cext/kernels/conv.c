@@ -20,6 +20,9 @@
 #include "common.h"
 
 typedef float cv8 __attribute__((vector_size(32)));
+/* the header slot (within gemm.c's PACK_HDR) that marks pre-packed Winograd weights with their
+ * number of transform points, 36 or 16, so neither Winograd form takes the other's */
+#define WG_MARK 5
 
 static int conv_check(const ex_conv_params *p) {
   if (!p) return EX_EINVAL;
@@ -639,7 +642,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
       p->groups != 1)
     return EX_EINVAL;
   wg_ctx g = {p, x, u, bias, res, y, (p->ow + 3) / 4, (p->oh + 3) / 4, 0, 0, 0, 0, NULL, 0,
-              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[5] == 36 ? p->wpack : NULL, 0, 0, 0};
+              packed_a_for(p->wpack, p->oc, p->c) && p->wpack[WG_MARK] == 36 ? p->wpack : NULL, 0, 0, 0};
   g.T = g.tw * g.th;
   g.total = g.T * p->n;
   /* each of the 36 GEMMs streams its slice of V and M once: favour wide N (up to WT tiles).
@@ -824,7 +827,7 @@ static int conv_winograd2(const ex_conv_params *p, const float *x, const float *
       p->groups != 1)
     return EX_EINVAL;
   const int64_t C = p->c, O = p->oc, tw = (p->ow + 1) / 2, th = (p->oh + 1) / 2, total = tw * th * p->n;
-  const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[5] == 16 ? p->wpack : NULL;
+  const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[WG_MARK] == 16 ? p->wpack : NULL;
   w2_ctx g = {p, u, upk, bias, res, y, NULL, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
   /* the zero-padded input: every tile reads in bounds */
   const size_t nxp = (size_t)(p->n * C * g.xph * g.xpw);
@@ -944,13 +947,13 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   if (p->algo == EX_CONV_WINOGRAD) { /* w: U[36][oc][c], each point's matrix packed as A */
     for (int x = 0; x < 36; x++)
       gemm_pack_a(w + x * p->oc * p->c, p->c, p->oc, p->c, out + x * packed_a_floats(p->oc, p->c));
-    out[5] = 36; /* the algorithm's mark: F(2x2) will not take these */
+    out[WG_MARK] = 36; /* F(2x2) will not take these */
     return EX_OK;
   }
   if (p->algo == EX_CONV_WINOGRAD2) { /* w: U[16][oc][c], each point's matrix packed as B [c][oc] */
     for (int x = 0; x < 16; x++)
       gemm_pack_b(w + x * p->oc * p->c, 1, p->c, p->c, p->oc, out + x * packed_b_floats(p->c, p->oc));
-    out[5] = 16;
+    out[WG_MARK] = 16;
     return EX_OK;
   }
   const int64_t ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;

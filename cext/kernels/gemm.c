@@ -400,6 +400,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
               }
             int fused = 0;
             if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, c, ldc, pc > 0, &fused)) {
+              /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
             } else { /* partial tile through a buffer */
