@@ -81,24 +81,41 @@ static inline int64_t f_to_i64(float x) {
 static inline float nan_max(float x, float y) { float r = x >= y ? x : y; return x != x ? x : r; }
 static inline float nan_min(float x, float y) { float r = x <= y ? x : y; return x != x ? x : r; }
 
+/* the even- and odd-indexed elements of the 2 vectors a, b (a's first): the register form of
+ * deinterleave, also used by the depthwise kernel */
+#ifdef EX_AVX512
+static inline void split512(__m512 a, __m512 b, __m512 *ev, __m512 *od) {
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  *ev = _mm512_permutex2var_ps(a, ie, b);
+  *od = _mm512_permutex2var_ps(a, io, b);
+}
+#endif
+#ifdef EX_AVX2
+static inline void split256(__m256 a, __m256 b, __m256 *ev, __m256 *od) {
+  /* within 128-bit lanes, then fix the lane order */
+  const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+  *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8));
+  *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8));
+}
+#endif
+
 /* even-indexed then odd-indexed elements of s[0:n] to ev[0:(n+1)/2], od[0:n/2] */
 static void deinterleave(const float *s, int64_t n, float *ev, float *od) {
   int64_t i = 0;
 #ifdef EX_AVX512
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
-                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (; i + 32 <= n; i += 32) {
-    const __m512 a = _mm512_loadu_ps(s + i), b = _mm512_loadu_ps(s + i + 16);
-    _mm512_storeu_ps(ev + i / 2, _mm512_permutex2var_ps(a, ie, b));
-    _mm512_storeu_ps(od + i / 2, _mm512_permutex2var_ps(a, io, b));
+    __m512 e, o;
+    split512(_mm512_loadu_ps(s + i), _mm512_loadu_ps(s + i + 16), &e, &o);
+    _mm512_storeu_ps(ev + i / 2, e);
+    _mm512_storeu_ps(od + i / 2, o);
   }
 #elif defined(EX_AVX2)
   for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_loadu_ps(s + i), b = _mm256_loadu_ps(s + i + 8);
-    /* within 128-bit lanes, then fix the lane order */
-    const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
-    _mm256_storeu_ps(ev + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
-    _mm256_storeu_ps(od + i / 2, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+    __m256 e, o;
+    split256(_mm256_loadu_ps(s + i), _mm256_loadu_ps(s + i + 8), &e, &o);
+    _mm256_storeu_ps(ev + i / 2, e);
+    _mm256_storeu_ps(od + i / 2, o);
   }
 #endif
   for (; i + 1 < n; i += 2) { ev[i / 2] = s[i]; od[i / 2] = s[i + 1]; }

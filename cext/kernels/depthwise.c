@@ -85,15 +85,9 @@ DWD_INLINE dwd_v dwd_fma(dwd_v a, dwd_v b, dwd_v c) {
 /* the even- and odd-indexed elements of the 2 DWD_VL values a, b */
 DWD_INLINE void dwd_split(dwd_v a, dwd_v b, dwd_v *ev, dwd_v *od) {
 #ifdef EX_AVX512
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
-                io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  *ev = _mm512_permutex2var_ps(a, ie, b);
-  *od = _mm512_permutex2var_ps(a, io, b);
+  split512(a, b, ev, od);
 #elif defined(EX_AVX2)
-  /* within 128-bit lanes, then fix the lane order */
-  const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
-  *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8));
-  *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8));
+  split256(a, b, ev, od);
 #else
   *ev = (dwd_v){a[0], a[2], b[0], b[2]};
   *od = (dwd_v){a[1], a[3], b[1], b[3]};
