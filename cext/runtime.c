@@ -9,9 +9,13 @@
  * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
  * that word, so a worker that wakes late can never run a chunk of a newer job.  Idle workers
  * spin briefly (for low dispatch latency between back-to-back ops) and then sleep on a
- * condition variable. */
+ * condition variable.  With one thread per CPU each worker is pinned to its own CPU (the
+ * caller stays free): unpinned, a worker woken after a sleep was often put on the caller's CPU
+ * and shared it until the load balancer moved one of them, which took longer than a whole
+ * inference.  EXPRESS_PIN_THREADS=0 leaves placement to the OS. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,8 +272,38 @@ static void run_chunks(uint32_t gen) {
   }
 }
 
+#ifdef __linux__
+static cpu_set_t g_cpus; /* the CPUs the process may run on, read at pool start */
+#endif
+
+/* When the pool has one thread per allowed CPU, worker i takes the (i + 1)-th CPU and the
+ * first is left to the caller.  With fewer threads than CPUs nothing is pinned: there are idle
+ * CPUs to wake onto, and pinned workers of several processes would pile onto the same CPUs. */
+static void pin_worker(int i) {
+#ifdef __linux__
+  const char *e = getenv("EXPRESS_PIN_THREADS");
+  if ((e && strcmp(e, "0") == 0) || P.nthreads != CPU_COUNT(&g_cpus)) return;
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (CPU_ISSET(cpu, &g_cpus) && k++ == i + 1) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+      return;
+    }
+  }
+#else
+  (void)i;
+#endif
+}
+
+struct worker_start { uint32_t gen; int index; };
+static struct worker_start g_start[MAX_THREADS];
+
 static void *worker_main(void *arg) {
-  uint32_t seen = (uint32_t)(uintptr_t)arg;
+  const struct worker_start *st = arg;
+  uint32_t seen = st->gen;
+  pin_worker(st->index);
   for (;;) {
     uint32_t g;
     const int64_t t0 = now_ns();
@@ -312,9 +346,12 @@ static void stop_workers(void) {
 
 /* with run_lock held: start the missing workers (fewer if the system refuses) */
 static void start_workers(void) {
-  while (P.nworkers < P.nthreads - 1 &&
-         pthread_create(&P.workers[P.nworkers], NULL, worker_main, (void *)(uintptr_t)P.gen) == 0)
+  while (P.nworkers < P.nthreads - 1) {
+    g_start[P.nworkers].gen = P.gen;
+    g_start[P.nworkers].index = P.nworkers;
+    if (pthread_create(&P.workers[P.nworkers], NULL, worker_main, &g_start[P.nworkers]) != 0) break;
     P.nworkers++;
+  }
 }
 
 static void after_fork_child(void) { /* the workers did not survive the fork */
@@ -331,6 +368,9 @@ static void pool_init(void) {
   const char *e = getenv("EXPRESS_NUM_THREADS");
   if (e && atoi(e) > 0) n = atoi(e);
   P.nthreads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+#ifdef __linux__
+  if (sched_getaffinity(0, sizeof g_cpus, &g_cpus) != 0) CPU_ZERO(&g_cpus); /* then: no pinning */
+#endif
   pthread_atfork(NULL, NULL, after_fork_child);
 }
 
