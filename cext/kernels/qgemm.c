@@ -52,7 +52,6 @@ typedef struct {
   const int8_t *xq;   /* m x k quantized activations */
   const float *xs;    /* m x k/32 their scales */
   const int32_t *xc;  /* m x k/32: offset * sum(xq) of the block (8 for int4, 128 for int8) */
-  const int8_t *xe;   /* m = 1, VNNI: x as gemv_vnni reads it (NULL otherwise) */
   const uint8_t *wq;
   const uint16_t *scales; /* float16 */
   const float *bias;
@@ -293,20 +292,12 @@ VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
   }
 }
 
-/* m = 1 reads each row group as one stream of 64-byte loads, two steps t, t + 1 of 8 rows each:
- * x is laid out for it once per call, 4 x 64 bytes per block, vector p holding values
- * 8p .. 8p + 3 of the block in its lower 8 lanes and 8p + 4 .. 8p + 7 in its upper 8 */
-VNNI_FN static void expand_x_vnni(const int8_t *xq, int64_t nb, int8_t *xe) {
-  const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  for (int64_t b = 0; b < nb; b++) {
-    const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + b * 32)));
-    for (int p = 0; p < 4; p++)
-      _mm512_storeu_si512(xe + (b * 4 + p) * 64, _mm512_permutexvar_epi32(_mm512_add_epi32(lo, _mm512_set1_epi32(2 * p)), v));
-  }
-}
-
 /* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps).
- * Each task reads its row groups as one stream, prefetched QG_PF ahead.  Tried and measured
+ * Each task reads its row groups as one stream of 64-byte loads (two steps t, t + 1 of 8 rows),
+ * prefetched QG_PF ahead.  Vector p of x holds values 8p .. 8p + 3 of the block in its lower 8
+ * lanes and 8p + 4 .. 8p + 7 in its upper 8, permuted from the block's 32 bytes in registers: a
+ * copy of x expanded to that form in memory (256 bytes a block) outgrew L1 at k = 4864 and
+ * took the down projection from 34 to 25 GB/s.  Tried and measured
  * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, ~31 GB/s here of ~40 the core can read):
  * 8 or 4 row groups side by side (x loaded once for all; 8 prefetched streams, ~20 GB/s), two
  * blocks a step in register accumulators, and adding the halves of two blocks crosswise to
@@ -315,6 +306,9 @@ VNNI_FN static void expand_x_vnni(const int8_t *xq, int64_t nb, int8_t *xe) {
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+  const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i i0 = lo, i1 = _mm512_add_epi32(lo, _mm512_set1_epi32(2)), i2 = _mm512_add_epi32(lo, _mm512_set1_epi32(4)),
+                i3 = _mm512_add_epi32(lo, _mm512_set1_epi32(6));
   for (int64_t R = g0; R < g1; R++) {
     const uint8_t *w = c->wq + R * nb * cb;
     const uint16_t *s = c->scales + R * ng * 8;
@@ -322,19 +316,21 @@ VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
       for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
-      const __m512i *x = (const __m512i *)(c->xe + b * 256);
+      const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(c->xq + b * 32)));
+      const __m512i x0 = _mm512_permutexvar_epi32(i0, v), x1 = _mm512_permutexvar_epi32(i1, v),
+                    x2 = _mm512_permutexvar_epi32(i2, v), x3 = _mm512_permutexvar_epi32(i3, v);
       __m512i d0 = _mm512_maskz_set1_epi32(0x00ff, -c->xc[b]), d1 = _mm512_setzero_si512();
       if (c->bits == 4) {
         const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), _mm512_loadu_si512(x));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), _mm512_loadu_si512(x + 1));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_loadu_si512(x + 2));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), _mm512_loadu_si512(x + 3));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), x0);
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), x1);
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), x2);
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), x3);
       } else {
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w), flip), _mm512_loadu_si512(x));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip), _mm512_loadu_si512(x + 1));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 128), flip), _mm512_loadu_si512(x + 2));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 192), flip), _mm512_loadu_si512(x + 3));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w), flip), x0);
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip), x1);
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 128), flip), x2);
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 192), flip), x3);
       }
       const __m512 sw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)s)));
       acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])), acc[b & 1]);
@@ -354,7 +350,7 @@ static void task(void *ctx, int64_t g0, int64_t g1) {
   const qg_ctx *c = ctx;
 #if defined(__x86_64__)
   if (c->path == QG_VNNI) {
-    if (c->xe)
+    if (c->m == 1)
       gemv_vnni(c, g0, g1);
     else
       pairs_vnni(c, g0, g1);
@@ -403,25 +399,19 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
   }
   const int path = qg_path();
   const int32_t offset = bits == 4 ? 8 : 128;
-  int8_t *xe = NULL;
 #if defined(__x86_64__)
-  if (path == QG_VNNI) {
+  if (path == QG_VNNI)
     quantize_rows_avx512(x, nblk, offset, xq, xs, xc);
-    if (m == 1 && !(xe = aligned_alloc(64, (size_t)(k * 8)))) {
-      free(xq), free(xs), free(xc);
-      return EX_ENOMEM;
-    }
-    if (xe) expand_x_vnni(xq, k / 32, xe);
-  } else
+  else
 #endif
     quantize_rows(x, nblk, offset, xq, xs, xc);
-  qg_ctx c = {bits, m, n, k, group, xq, xs, xc, xe, wq, scales, bias, y, path};
+  qg_ctx c = {bits, m, n, k, group, xq, xs, xc, wq, scales, bias, y, path};
   const int64_t groups = (n + 7) / 8;
-  if (path == QG_VNNI && !xe)
+  if (path == QG_VNNI && m > 1)
     ex_parallel_for((groups + 1) / 2, m >= QG_MR512 ? 1 : 8, task, &c);
   else
     ex_parallel_for(groups, m == 1 ? 16 : 4, task, &c);
-  free(xq), free(xs), free(xc), free(xe);
+  free(xq), free(xs), free(xc);
   return EX_OK;
 }
 
