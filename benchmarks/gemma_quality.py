@@ -7,8 +7,10 @@ do), and a rounding step is discontinuous: a float difference of one part in 10^
 order) flips a code now and then, each flip moves a whole output row by about 1e-3, and over 18
 layers the logits drift by up to ~2. So the script also prints that noise floor, measured on each
 engine against itself (llama.cpp at its float16 and float32 KV caches; Express with its kernel
-variants and with the embeddings moved by 1e-7), and for each disagreement the top-2 margin there:
-disagreements at near-ties are the floor, not an error.
+variants and with the embeddings moved by 1e-7), both engines next to an exact reference
+(transformers in float64 on the dequantized weights), for each disagreement the top-2 margin there
+(disagreements at near-ties are the floor, not an error), and the agreement at the positions whose
+top-2 margin is beyond the floor (CLEAR).
 
 `--layers` instead runs each op of Express (norms, projections, RoPE, attention, GELU, head) on
 llama.cpp's own inputs to it, read from llama.cpp's graph through its evaluation callback, and prints
@@ -34,6 +36,7 @@ TEXT = ("The history of the printing press begins in the fifteenth century, when
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "The three primary colors are",
            "def fibonacci(n):", "Water boils at a temperature of"]
 NEW_TOKENS = 32
+CLEAR = 0.5  # nats: a top-2 margin this wide is beyond the noise floor (whose flips are at margins up to ~0.35)
 
 
 def log_softmax(x):
@@ -43,12 +46,16 @@ def log_softmax(x):
 
 def compare(a, b, ids):
     """One line: log-probabilities a (ours, or the first run) against b (the reference) over ids;
+    top-1 agreement over all positions and over those where b's top-2 margin is at least CLEAR;
     the positions where their top-1 differ, with b's margin there (its top-1 over a's, in nats)."""
     nll = lambda lp: -lp[np.arange(len(ids) - 1), ids[1:]].mean()  # noqa: E731
     ta, tb = a.argmax(-1), b.argmax(-1)
     off = np.flatnonzero(ta != tb)
     margins = b[off, tb[off]] - b[off, ta[off]]
-    return (f"top-1 agreement {(ta == tb).mean():.3f}, perplexity {np.exp(nll(a)):.3f} / {np.exp(nll(b)):.3f} "
+    top2 = np.sort(b, -1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= CLEAR
+    return (f"top-1 agreement {(ta == tb).mean():.3f} ({(ta == tb)[clear].mean():.3f} at the {clear.sum()} "
+            f"positions of margin >= {CLEAR}), perplexity {np.exp(nll(a)):.3f} / {np.exp(nll(b)):.3f} "
             f"({abs(np.exp(nll(a) - nll(b)) - 1):.2%} apart), mean KL {(np.exp(b) * (b - a)).sum(-1).mean():.4f}; "
             f"top-1 differs at {len(off)}, margins {', '.join(f'{m:.2f}' for m in margins) or '-'} nats")
 
