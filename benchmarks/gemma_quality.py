@@ -215,7 +215,9 @@ def llama_tensors(ids, **kv):
 
 
 def layers():
-    """Each op of Express on llama.cpp's inputs to it: the largest |difference| / max |llama.cpp|."""
+    """Each op of Express on llama.cpp's inputs to it (the largest |difference| / max |llama.cpp|
+    over the layers); then Express's own forward next to llama.cpp's, op by op: where the
+    difference first exceeds 1e-5, and how it grows."""
     import express as ex
     import llm
     from llm import rope
@@ -227,43 +229,73 @@ def layers():
     r = llama_tensors(ids, type_k=0, type_v=0)
     causal = np.arange(T)[None] <= np.arange(T)[:, None]
     mask = ex.asarray(np.where(causal, 0, -np.inf).astype(np.float32))
-    worst = {}
+    mine = {}  # our outputs by llama.cpp's names, in the second pass
 
-    def arg(k):  # llama.cpp's tensor k as our op takes it: (tokens, features) or (tokens, heads, head_dim)
-        return ex.asarray(r[k].reshape(T, -1, c.head_dim) if "cur" in k else r[k].reshape(T, -1))
+    def arg(k):  # a tensor as our op takes it: (tokens, features) or (tokens, heads, head_dim)
+        a = mine.get(k.split("#1")[0], r[k]) if mine else r[k]  # "#1": llama.cpp's reshape of the same values
+        return ex.asarray(a.reshape(T, -1, c.head_dim) if "cur" in k else a.reshape(T, -1))
 
-    def check(op, i, want, fn, *ins):
-        got = fn(*map(arg, ins)).numpy()
+    def forward(check):
+        """Every op of the model, as check(name, layer, llama.cpp's output, our op, its inputs)."""
+        for i, layer in enumerate(model.model.layers):
+            a, mlp = layer.self_attn, layer.mlp
+            cos, sin = (t[:T].reshape(T, 1, -1) for t in model.rope_tables(T, c.layer_sliding[i]))
+            rot = lambda x: rope.apply(x, cos, sin, c.rotary_dim, False)  # noqa: E731
+            h = "inp_scaled" if i == 0 else f"l_out-{i - 1}"
+            check("input norm", i, f"attn_norm-{i}", layer.input_layernorm, h)
+            for n, proj in (("Q", a.q_proj), ("K", a.k_proj), ("V", a.v_proj)):
+                check(f"{n.lower()}_proj", i, f"{n}cur-{i}", proj, f"attn_norm-{i}")
+            check("q_norm", i, f"Qcur_normed-{i}", a.q_norm, f"Qcur-{i}#1")
+            check("k_norm", i, f"Kcur_normed-{i}", a.k_norm, f"Kcur-{i}#1")
+            check("rope", i, f"Qcur-{i}#2", rot, f"Qcur_normed-{i}")
+            check("rope", i, f"Kcur-{i}#2", rot, f"Kcur_normed-{i}")
+            heads_first = lambda t: t.permute_dims((1, 0, 2))  # noqa: E731
+            check("attention", i, f"kqv_out-{i}",
+                  lambda q, k, v: attention(q, heads_first(k), heads_first(v), mask, c.attn_scale),
+                  f"Qcur-{i}#2", f"Kcur-{i}#2", f"Vcur-{i}#1")
+            check("o_proj", i, f"attn_out-{i}", a.o_proj, f"kqv_out-{i}")
+            check("post-attention norm", i, f"attn_post_norm-{i}", layer.post_attention_layernorm, f"attn_out-{i}")
+            check("residual add", i, f"sa_out-{i}", ex.add, h, f"attn_post_norm-{i}")
+            check("pre-MLP norm", i, f"ffn_norm-{i}", layer.pre_feedforward_layernorm, f"sa_out-{i}")
+            check("gate_proj", i, f"ffn_gate-{i}", mlp.gate_proj, f"ffn_norm-{i}")
+            check("up_proj", i, f"ffn_up-{i}", mlp.up_proj, f"ffn_norm-{i}")
+            check("gelu_tanh(gate) * up", i, f"ffn_geglu-{i}", lambda g, u: mlp.act(g) * u,
+                  f"ffn_gate-{i}", f"ffn_up-{i}")
+            check("down_proj", i, f"ffn_out-{i}", mlp.down_proj, f"ffn_geglu-{i}")
+            check("post-MLP norm", i, f"ffn_post_norm-{i}", layer.post_feedforward_layernorm, f"ffn_out-{i}")
+            check("residual add", i, f"l_out-{i}", ex.add, f"sa_out-{i}", f"ffn_post_norm-{i}")
+        check("final norm", c.num_layers - 1, "result_norm", model.model.norm, f"l_out-{c.num_layers - 1}")
+        check("tied head", c.num_layers - 1, "result_output", model.head(), "result_norm")
+
+    def apart(got, want):
         w = r[want].reshape(got.shape)
+        return float(np.abs(got - w).max() / np.abs(w).max())
+    worst, steps = {}, []
+
+    def on_theirs(op, i, want, fn, *ins):
+        e = apart(fn(*map(arg, ins)).numpy(), want)
         op += f" ({fn.kind})" if hasattr(fn, "kind") else ""  # a projection: its GGUF block type
-        e = float(np.abs(got - w).max() / np.abs(w).max())
         if e >= worst.get(op, (-1.0,))[0]:
             worst[op] = (e, i)
-    for i, layer in enumerate(model.model.layers):
-        a, mlp = layer.self_attn, layer.mlp
-        cos, sin = (t[:T].reshape(T, 1, -1) for t in model.rope_tables(T, c.layer_sliding[i]))
-        check("input norm", i, f"attn_norm-{i}", layer.input_layernorm, "inp_scaled" if i == 0 else f"l_out-{i - 1}")
-        check("q_proj", i, f"Qcur-{i}", a.q_proj, f"attn_norm-{i}")
-        check("k_proj", i, f"Kcur-{i}", a.k_proj, f"attn_norm-{i}")
-        check("v_proj", i, f"Vcur-{i}", a.v_proj, f"attn_norm-{i}")
-        check("q_norm", i, f"Qcur_normed-{i}", a.q_norm, f"Qcur-{i}#1")
-        check("rope", i, f"Qcur-{i}#2", lambda q: rope.apply(q, cos, sin, c.rotary_dim, False), f"Qcur_normed-{i}")
-        check("attention", i, f"kqv_out-{i}",
-              lambda q, k, v: attention(q, k.permute_dims((1, 0, 2)), v.permute_dims((1, 0, 2)), mask, c.attn_scale),
-              f"Qcur-{i}#2", f"Kcur-{i}#2", f"Vcur-{i}#1")
-        check("o_proj", i, f"attn_out-{i}", a.o_proj, f"kqv_out-{i}")
-        check("post-attention norm", i, f"attn_post_norm-{i}", layer.post_attention_layernorm, f"attn_out-{i}")
-        check("gate_proj", i, f"ffn_gate-{i}", mlp.gate_proj, f"ffn_norm-{i}")
-        check("up_proj", i, f"ffn_up-{i}", mlp.up_proj, f"ffn_norm-{i}")
-        check("gelu_tanh(gate) * up", i, f"ffn_geglu-{i}", lambda g, u: mlp.act(g) * u, f"ffn_gate-{i}", f"ffn_up-{i}")
-        check("down_proj", i, f"ffn_out-{i}", mlp.down_proj, f"ffn_geglu-{i}")
-        check("post-MLP norm", i, f"ffn_post_norm-{i}", layer.post_feedforward_layernorm, f"ffn_out-{i}")
-    check("final norm", c.num_layers - 1, "result_norm", model.model.norm, f"l_out-{c.num_layers - 1}")
-    check("tied head", c.num_layers - 1, "result_output", model.head(), "result_norm")
+
+    def on_ours(op, i, want, fn, *ins):
+        mine[want] = fn(*map(arg, ins)).numpy()
+        steps.append((op, i, want, apart(mine[want], want), max(apart(np.asarray(arg(k).numpy()), k) for k in ins)))
+    forward(on_theirs)
     print("each op of Express on llama.cpp's own inputs (f32 KV cache): max |difference| / max |llama.cpp|, "
           f"worst of {c.num_layers} layers")
     for op, (e, i) in worst.items():
         print(f"  {op:28s} {e:.1e}  (layer {i})")
+    mine["inp_scaled"] = (ex.asarray(ours._embed(np.asarray(ids))) * c.embed_scale).numpy()
+    forward(on_ours)
+    op, i, want, e, e_in = next(s for s in steps if s[3] > 1e-5)
+    print(f"Express's own forward next to llama.cpp's: first more than 1e-5 apart: {op} of layer {i} ({want}), "
+          f"{e:.1e}, its inputs {e_in:.1e} apart")
+    drift = [s[3] for s in steps if s[2].startswith("l_out")]
+    print("  the residual stream after each layer: " + " ".join(f"{e:.0e}" for e in drift))
+    lg, lr = mine["result_output"], r["result_output"].reshape(T, -1)
+    print(f"  logits: max |difference| {np.abs(lg - lr).max():.2f}, "
+          f"top-1 agreement {(lg.argmax(-1) == lr.argmax(-1)).mean():.3f}")
 
 
 if __name__ == "__main__":
