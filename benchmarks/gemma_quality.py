@@ -89,7 +89,8 @@ def greedy(ours, ref, prompt):
     if i == min(len(x), len(y)):
         return False, f"first {i} tokens agree, then one engine stops"
     margin = rows[i][y[i]] - rows[i][x[i]]
-    return False, f"first {i} tokens agree, then a near-tie: llama.cpp's margin {margin:.2f} nats"
+    tie = "a near-tie" if margin < CLEAR else "a clear disagreement"
+    return False, f"first {i} tokens agree, then {tie}: llama.cpp's margin {margin:.2f} nats"
 
 
 def exact_logits(ids):
