@@ -37,6 +37,15 @@ static inline int64_t kc_step(int64_t k) {
   return EX_MIN(KC, ROUND_UP((k + nb - 1) / nb, 8));
 }
 
+/* columns per block of B packed by sgemm_range for K blocks of kc: a packed block of at most
+ * about 512 KB (in floats: 131072), whole NR panels, balanced over the n columns */
+static inline int64_t nc_step(int64_t kc, int64_t n) {
+  if (n <= 0) return NC;
+  const int64_t cap = EX_MAX(NR, EX_MIN(NC, 131072 / EX_MAX(kc, 1) / NR * NR));
+  const int64_t nb = (n + cap - 1) / cap;
+  return ROUND_UP((n + nb - 1) / nb, NR);
+}
+
 /* ---- epilogue ---- */
 typedef struct {
   const float *bias; /* NULL, or per row (bias_rows) / per column of C */
@@ -167,17 +176,26 @@ typedef struct {
 
 /* the first `rows` rows (rows <= MR; a is still an MR-row panel) and nv 16-column vectors of the
  * tile, the last of them stored under mask mk (a narrow last panel: B's zero padding is not
- * computed); e: NULL, or the epilogue (last K block only) */
+ * computed); e: NULL, or the epilogue (last K block only).  pf: pre-packed weights stream from
+ * memory (UK_PF_A: A is them, UK_PF_B: B), prefetched further ahead, since the hardware
+ * prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead. */
+enum { UK_PF_A = 1, UK_PF_B = 2 };
 static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, __mmask16 mk,
                                                            int64_t kc, const float *a, const float *b,
-                                                           float *c, int64_t ldc, int acc, const uk_epi *e) {
+                                                           float *c, int64_t ldc, int acc, const uk_epi *e,
+                                                           int pf) {
+  const int64_t da = pf & UK_PF_A ? 64 * MR : 4 * MR;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
   for (int i = 0; i < rows; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
   for (int64_t p = 0; p < kc; p++) {
     const __m512 b0 = _mm512_loadu_ps(b); /* pre-packed B may be unaligned */
     const __m512 b1 = nv == 2 ? _mm512_loadu_ps(b + 16) : b0;
-    _mm_prefetch((const char *)(a + 4 * MR), _MM_HINT_T0);
+    _mm_prefetch((const char *)(a + da), _MM_HINT_T0);
+    if (pf & UK_PF_B) { /* both lines of the B row 32 iterations ahead */
+      _mm_prefetch((const char *)(b + 32 * NR), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + 32 * NR + 16), _MM_HINT_T0);
+    }
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
       const __m512 av = _mm512_set1_ps(a[i]);
@@ -232,17 +250,22 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
 }
 
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
-  uk_body(MR, 2, 0xFFFF, kc, a, b, c, ldc, acc, NULL);
+  uk_body(MR, 2, 0xFFFF, kc, a, b, c, ldc, acc, NULL, 0);
 }
 
 /* one instance per row count and width: a partial panel (m not a multiple of MR, or n of NR)
  * computes only its rows and (to 16 columns) its width */
-typedef void (*uk_fn)(int64_t, const float *, const float *, float *, int64_t, int, const uk_epi *, __mmask16);
+typedef void (*uk_fn)(int64_t, const float *, const float *, float *, int64_t, int, const uk_epi *, __mmask16,
+                      int);
 #define UK_ROWS(R)                                                                                  \
   static void uk_rows##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
-                         const uk_epi *e, __mmask16 mk) { uk_body(R, 2, mk, kc, a, b, c, ldc, acc, e); } \
+                         const uk_epi *e, __mmask16 mk, int pf) {                                  \
+    uk_body(R, 2, mk, kc, a, b, c, ldc, acc, e, pf);                                               \
+  }                                                                                                 \
   static void uk_half##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
-                         const uk_epi *e, __mmask16 mk) { uk_body(R, 1, mk, kc, a, b, c, ldc, acc, e); }
+                         const uk_epi *e, __mmask16 mk, int pf) {                                  \
+    uk_body(R, 1, mk, kc, a, b, c, ldc, acc, e, pf);                                               \
+  }
 UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
 UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
 #undef UK_ROWS
@@ -255,7 +278,7 @@ static const uk_fn UK_TAB[2][MR + 1] = {
 /* an mr x nr tile straight into C, with the epilogue in registers when it is one the kernel
  * knows (*fused: the caller then skips epi_tile); 0 if it must go the generic way */
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int pf, int *fused) {
   uk_epi e = {NULL, NULL, NULL, 0, EX_ACT_NONE};
   const int reg = ep->act == EX_ACT_NONE || ep->act == EX_ACT_RELU || ep->act == EX_ACT_RELU6;
   *fused = 0;
@@ -269,7 +292,7 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
   }
   const int nv = nr > 16 ? 2 : 1;
   const __mmask16 mk = (__mmask16)((1u << (nr - 16 * (nv - 1))) - 1);
-  UK_TAB[nv - 1][mr](kc, a, b, c, ldc, acc, *fused ? &e : NULL, mk);
+  UK_TAB[nv - 1][mr](kc, a, b, c, ldc, acc, *fused ? &e : NULL, mk, pf);
   return 1;
 }
 #elif defined(EX_AVX2)
@@ -330,8 +353,8 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 
 #if !defined(EX_AVX512)
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, float *c, int64_t ldc, int acc, int *fused) {
-  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
+                   const float *a, const float *b, float *c, int64_t ldc, int acc, int pf, int *fused) {
+  (void)pf; (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
   (void)ldc; (void)acc;
   *fused = 0;
   return 0;
@@ -372,8 +395,17 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   /* shared mode: just the one block of B the caller packed */
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
-  for (int64_t jc = jb; jc < je; jc += NC) {
-    const int64_t nc = EX_MIN(NC, je - jc);
+  /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
+   * of A each B element is used only m / MR times and a block round-tripping through L3 costs
+   * as much as the micro-kernel */
+#ifdef EX_AVX512
+  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0);
+#else
+  const int pf = 0;
+#endif
+  const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0);
+  for (int64_t jc = jb; jc < je; jc += ncs) {
+    const int64_t nc = EX_MIN(ncs, je - jc);
     for (int64_t pc = pb; pc < pe; pc += ks) {
       const int64_t kc = EX_MIN(ks, k - pc);
       const int last = pc + kc >= k;
@@ -399,7 +431,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 __builtin_prefetch(rr + nr - 1, 0, 3);
               }
             int fused = 0;
-            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, c, ldc, pc > 0, &fused)) {
+            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, c, ldc, pc > 0, pf, &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
