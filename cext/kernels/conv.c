@@ -215,7 +215,8 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
           else
             err = sgemm_ep(B, 1, N, w + g * ocg * K, EX_F32, 1, K, tr, ocg, N, ocg, K, &EPI_NONE);
           ctr_ctx tc = {p, tr, bias ? bias + g * ocg : NULL, res ? res + yo : NULL, y + yo, N, ocg};
-          if (!err) ex_parallel_for((ocg + 15) / 16, EX_MAX(1, 4096 / N), ctr_task, &tc);
+          /* chunks of about 8K outputs: the pool gets several even at 7x7 */
+          if (!err) ex_parallel_for((ocg + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
           continue;
         }
         const epi_t ep = {bias ? bias + g * ocg : NULL, 1, res ? res + yo + o0 : NULL, N, p->act};

@@ -718,6 +718,8 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
     const int64_t rb = (m + g.rg - 1) / g.rg, units = g.split_n ? nb / (apk ? 1 : 8) : rb;
     g.parts = EX_MIN(EX_MIN(4 * (int64_t)nt, (int64_t)(work / 1048576.0)), units);
     g.parts = EX_MIN(EX_MAX(g.parts, nt), g.split_n ? nb : rb);
+    /* a whole number of ranges per thread: 7 ranges on 2 threads run as 4 + 3 */
+    if (g.parts % nt && ROUND_UP(g.parts, nt) <= (g.split_n ? nb : rb)) g.parts = ROUND_UP(g.parts, nt);
     if (!g.split_n && !bpk && nb >= 4) {
       /* rows split: the threads pack each block of B together and share it, rather than each
        * packing (and streaming) all of B */
