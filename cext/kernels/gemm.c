@@ -179,22 +179,29 @@ typedef struct {
  * computed); e: NULL, or the epilogue (last K block only).  pf: pre-packed weights stream from
  * memory (UK_PF_A: A is them, UK_PF_B: B), prefetched further ahead, since the hardware
  * prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead. */
-enum { UK_PF_A = 1, UK_PF_B = 2 };
+enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4 };
 static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, __mmask16 mk,
                                                            int64_t kc, const float *a, const float *b,
-                                                           float *c, int64_t ldc, int acc, const uk_epi *e,
-                                                           int pf) {
+                                                           int64_t bs, float *c, int64_t ldc, int acc,
+                                                           const uk_epi *e, int pf) {
   const int64_t da = pf & UK_PF_A ? 64 * MR : 4 * MR;
+  /* the last vector's columns: B loads (B may be unpacked, rows bs apart, ending at the panel's
+   * last column), C loads and stores under mk */
+  const __mmask16 m0 = nv == 2 ? (__mmask16)0xFFFF : mk, m1 = mk;
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 14
   for (int i = 0; i < rows; i++) { c0[i] = _mm512_setzero_ps(); c1[i] = c0[i]; }
   for (int64_t p = 0; p < kc; p++) {
-    const __m512 b0 = _mm512_loadu_ps(b); /* pre-packed B may be unaligned */
-    const __m512 b1 = nv == 2 ? _mm512_loadu_ps(b + 16) : b0;
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, b); /* pre-packed B may be unaligned */
+    const __m512 b1 = nv == 2 ? _mm512_maskz_loadu_ps(m1, b + 16) : b0;
     _mm_prefetch((const char *)(a + da), _MM_HINT_T0);
     if (pf & UK_PF_B) { /* both lines of the B row 32 iterations ahead */
       _mm_prefetch((const char *)(b + 32 * NR), _MM_HINT_T0);
       _mm_prefetch((const char *)(b + 32 * NR + 16), _MM_HINT_T0);
+    }
+    if (pf & UK_PF_BROW) { /* unpacked B: this row's next panel */
+      _mm_prefetch((const char *)(b + NR), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + NR + 16), _MM_HINT_T0);
     }
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
@@ -203,10 +210,8 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
       if (nv == 2) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
     a += MR;
-    b += NR;
+    b += bs;
   }
-  /* the last vector's columns: loads and stores under mk */
-  const __mmask16 m0 = nv == 2 ? (__mmask16)0xFFFF : mk, m1 = mk;
   __m512 cb0 = _mm512_setzero_ps(), cb1 = cb0;
   if (e && e->cb) {
     cb0 = _mm512_maskz_loadu_ps(m0, e->cb);
@@ -250,21 +255,21 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
 }
 
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
-  uk_body(MR, 2, 0xFFFF, kc, a, b, c, ldc, acc, NULL, 0);
+  uk_body(MR, 2, 0xFFFF, kc, a, b, NR, c, ldc, acc, NULL, 0);
 }
 
 /* one instance per row count and width: a partial panel (m not a multiple of MR, or n of NR)
  * computes only its rows and (to 16 columns) its width */
-typedef void (*uk_fn)(int64_t, const float *, const float *, float *, int64_t, int, const uk_epi *, __mmask16,
-                      int);
+typedef void (*uk_fn)(int64_t, const float *, const float *, int64_t, float *, int64_t, int, const uk_epi *,
+                      __mmask16, int);
 #define UK_ROWS(R)                                                                                  \
-  static void uk_rows##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
-                         const uk_epi *e, __mmask16 mk, int pf) {                                  \
-    uk_body(R, 2, mk, kc, a, b, c, ldc, acc, e, pf);                                               \
+  static void uk_rows##R(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, \
+                         int acc, const uk_epi *e, __mmask16 mk, int pf) {                         \
+    uk_body(R, 2, mk, kc, a, b, bs, c, ldc, acc, e, pf);                                           \
   }                                                                                                 \
-  static void uk_half##R(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc, \
-                         const uk_epi *e, __mmask16 mk, int pf) {                                  \
-    uk_body(R, 1, mk, kc, a, b, c, ldc, acc, e, pf);                                               \
+  static void uk_half##R(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, \
+                         int acc, const uk_epi *e, __mmask16 mk, int pf) {                         \
+    uk_body(R, 1, mk, kc, a, b, bs, c, ldc, acc, e, pf);                                           \
   }
 UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
 UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
@@ -278,7 +283,8 @@ static const uk_fn UK_TAB[2][MR + 1] = {
 /* an mr x nr tile straight into C, with the epilogue in registers when it is one the kernel
  * knows (*fused: the caller then skips epi_tile); 0 if it must go the generic way */
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, float *c, int64_t ldc, int acc, int pf, int *fused) {
+                   const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc, int pf,
+                   int *fused) {
   uk_epi e = {NULL, NULL, NULL, 0, EX_ACT_NONE};
   const int reg = ep->act == EX_ACT_NONE || ep->act == EX_ACT_RELU || ep->act == EX_ACT_RELU6;
   *fused = 0;
@@ -292,7 +298,7 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
   }
   const int nv = nr > 16 ? 2 : 1;
   const __mmask16 mk = (__mmask16)((1u << (nr - 16 * (nv - 1))) - 1);
-  UK_TAB[nv - 1][mr](kc, a, b, c, ldc, acc, *fused ? &e : NULL, mk, pf);
+  UK_TAB[nv - 1][mr](kc, a, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf);
   return 1;
 }
 #elif defined(EX_AVX2)
@@ -353,8 +359,9 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 
 #if !defined(EX_AVX512)
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, float *c, int64_t ldc, int acc, int pf, int *fused) {
-  (void)pf; (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
+                   const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc, int pf,
+                   int *fused) {
+  (void)bs; (void)pf; (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
   (void)ldc; (void)acc;
   *fused = 0;
   return 0;
@@ -399,9 +406,14 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
    * as much as the micro-kernel */
 #ifdef EX_AVX512
-  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0);
+  /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
+   * than packed: with up to 12 panels of A rows, or many columns, packing B cost as much as
+   * 10-30% of the products (measured on 1x1 convolutions, whose B is the input) */
+  const int bdir = !g->bsh && !g->bpk && g->bdt == EX_F32 && g->bcs == 1 &&
+                   (i1 - i0 <= 12 * MR || g->n >= 1024);
+  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? UK_PF_BROW : 0);
 #else
-  const int pf = 0;
+  const int bdir = 0, pf = 0;
 #endif
   const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0);
   for (int64_t jc = jb; jc < je; jc += ncs) {
@@ -412,6 +424,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
       const float *bpc = bp;
       if (g->bsh) bpc = g->bsh;
       else if (g->bpk) bpc = g->bpk + pc * ROUND_UP(g->n, NR) + jc * kc;
+      else if (bdir) bpc = (const float *)g->b + pc * g->brs + jc;
       else pack_b(kc, nc, g->b, g->bdt, pc * g->brs + jc * g->bcs, g->brs, g->bcs, bp);
       for (int64_t ic = i0; ic < i1; ic += MC) {
         const int64_t mc = EX_MIN(MC, i1 - ic);
@@ -423,7 +436,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
-            const float *pa = apc + ir * kc, *pb = bpc + jr * kc;
+            const float *pa = apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
             if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
               for (int64_t i = 0; i < mr; i++) {
                 const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
@@ -431,7 +444,8 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 __builtin_prefetch(rr + nr - 1, 0, 3);
               }
             int fused = 0;
-            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, c, ldc, pc > 0, pf, &fused)) {
+            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, bdir ? g->brs : NR, c, ldc, pc > 0, pf,
+                        &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
