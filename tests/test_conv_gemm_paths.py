@@ -1,0 +1,100 @@
+"""The GEMM paths that convolutions take, called through the C entry points on every kernel
+variant the CPU has, against NumPy: B read in place by the micro-kernel (few rows of A, or many
+columns), the transposed small-plane convolution with its in-register transpose and epilogue,
+and the skinny GEMV that prefetches its weight rows."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from express._lib import ffi, lib
+from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params
+
+RNG = np.random.default_rng(7)
+
+
+def fp(a):
+    return ffi.cast("float *", a.__array_interface__["data"][0])
+
+
+def vp(a):
+    return ffi.cast("void *", a.__array_interface__["data"][0])
+
+
+def rnd(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# m from just past the skinny path (16) across 12 panels of 14 rows (168) and beyond; n across
+# the 32-column panels and the 1024-column rule; B a view of a wider array (row stride > n)
+@pytest.mark.parametrize("m", [17, 29, 65, 168, 169, 250])
+@pytest.mark.parametrize("n,k", [(7, 1), (33, 16), (65, 515), (1025, 17), (1100, 40)])
+def test_matmul_b_in_place(m, n, k, isa, threads):
+    a, wide = rnd(m, k), rnd(k, n + 9)
+    b = wide[:, 3:3 + n]
+    c = np.empty((m, n), np.float32)
+    assert lib.ex_matmul(lib.EX_F32, vp(a), k, 1, vp(b), n + 9, 1, vp(c), m, n, k, 0,
+                         ffi.NULL, ffi.NULL, ffi.NULL) == 0
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def conv1x1(x, w, act, bias, res, pack):
+    """ex_conv2d of a 1x1 (or k x k, 'same' padding) convolution, weights optionally pre-packed."""
+    n, c, h, wd = x.shape
+    oc, _, k, _ = w.shape
+    y = np.empty((n, oc, h, wd), np.float32)
+    p = conv_params(x.shape, y.shape, (k, k), (1, 1), (k // 2,) * 2, (1, 1), 1, act, "gemm")
+    keep = None
+    if pack:
+        keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+        assert lib.ex_conv_pack_weights(p, fp(w), fp(keep)) == 0
+        p.wpack = fp(keep)
+    rc = lib.ex_conv2d(p, fp(x), fp(w), ffi.NULL if bias is None else fp(bias), ffi.NULL if res is None else fp(res),
+                       fp(y))
+    assert rc == 0
+    return y
+
+
+# planes of 17..49 outputs with 64+ output channels run transposed (T = col^T @ W^T, then the
+# 16 x 16 block transpose with the epilogue); channel counts with tails of 1..15 past a block
+@pytest.mark.parametrize("hw", [(1, 17), (5, 5), (7, 7), (3, 9)])
+@pytest.mark.parametrize("oc", [64, 71, 100, 130])
+@pytest.mark.parametrize("act,bias,res", [("none", False, False), ("relu", True, True), ("relu6", True, False),
+                                          ("silu", False, True)])
+@pytest.mark.parametrize("k", [1, 3])
+def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
+    h, w = hw
+    c = 40
+    x, wt = rnd(2, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(2, oc, h, w) if res else None
+    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    for pack in (False, True):
+        got = conv1x1(x, wt, act, b, r, pack)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+
+
+def test_conv_small_plane_relu_keeps_nan(isa):
+    """The transposed form's in-register ReLU lets NaN through, as NumPy and act_row do."""
+    x, wt = rnd(1, 32, 7, 7), rnd(64, 32, 1, 1)
+    x[0, :, 3, 4] = np.nan
+    got = conv1x1(x, wt, "relu", None, None, True)
+    assert np.isnan(got[:, :, 3, 4]).all()
+    mask = np.ones((7, 7), bool)
+    mask[3, 4] = False
+    want = np.maximum(conv2d_ref(x, wt), 0)
+    np.testing.assert_allclose(got[:, :, mask], want[:, :, mask], rtol=1e-4, atol=1e-4)
+
+
+# one row of x (the GEMV form of the skinny path): k across its 16-element steps and far past the
+# 512-element prefetch distance
+@pytest.mark.parametrize("k", [1, 15, 16, 17, 600, 1281])
+@pytest.mark.parametrize("wdt", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_linear_one_row(k, wdt, isa, threads):
+    n = 37
+    x, w, b = rnd(1, k), rnd(n, k).astype(wdt), rnd(n)
+    y = np.empty((1, n), np.float32)
+    code = {np.float32: lib.EX_F32, np.float16: lib.EX_F16}.get(wdt, lib.EX_BF16)
+    assert lib.ex_linear(fp(x), vp(w), code, fp(b), ffi.NULL, fp(y), 1, n, k, ACTS["relu"]) == 0
+    want = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
