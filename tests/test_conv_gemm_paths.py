@@ -98,3 +98,20 @@ def test_linear_one_row(k, wdt, isa, threads):
     assert lib.ex_linear(fp(x), vp(w), code, fp(b), ffi.NULL, fp(y), 1, n, k, ACTS["relu"]) == 0
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+# few output channels and a short K (the stems): col built row-major, in chunks of output rows,
+# and read in place by the GEMM; 3 x 203 x 199 at stride 1 makes several chunks
+@pytest.mark.parametrize("stride,oc", [(1, 17), (2, 45)])
+def test_conv_stem_col_in_place(stride, oc, isa, threads):
+    x, wt, b = rnd(1, 3, 203, 199), rnd(oc, 3, 3, 3), rnd(oc)
+    oh, ow = (203 + 2 - 3) // stride + 1, (199 + 2 - 3) // stride + 1
+    r = rnd(1, oc, oh, ow)
+    y = np.empty((1, oc, oh, ow), np.float32)
+    p = conv_params(x.shape, y.shape, (3, 3), (stride, stride), (1, 1), (1, 1), 1, "relu6", "gemm")
+    keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+    assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
+    p.wpack = fp(keep)
+    assert lib.ex_conv2d(p, fp(x), fp(wt), fp(b), fp(r), fp(y)) == 0
+    want = np.clip(conv2d_ref(x, wt, b, (stride, stride), (1, 1, 1, 1)) + r, 0, 6)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

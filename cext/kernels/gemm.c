@@ -7,7 +7,9 @@
  * 6x16 tile in 12 ymm accumulators with FMA, the AVX-512 one a 14x32 tile in 28 zmm; the
  * portable one uses GNU vector extensions.  B may be f16/bf16 (widened while packing, F16C).
  * An epilogue (bias per row or column, residual add, activation) is applied to each tile right
- * after its last K block, while it is still in L1.
+ * after its last K block, while it is still in L1.  The AVX-512 kernel reads row-major f32 B in
+ * place instead of packing it when A has few rows (or B many columns), and prefetches
+ * pre-packed weights far ahead: they stream from memory, page by page.
  * Skinny products (m <= 16) against a transposed B (weights stored [n, k], as nn.Linear) skip
  * packing: a dot-product kernel streams each weight row once for 4 rows of A at a time.
  * m == 1 or n == 1 with f32 B goes to a GEMV (dot or axpy form, whichever walks memory
@@ -361,8 +363,8 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
                    const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc, int pf,
                    int *fused) {
-  (void)bs; (void)pf; (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)c;
-  (void)ldc; (void)acc;
+  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)bs;
+  (void)c; (void)ldc; (void)acc; (void)pf;
   *fused = 0;
   return 0;
 }
@@ -402,9 +404,6 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   /* shared mode: just the one block of B the caller packed */
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
-  /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
-   * of A each B element is used only m / MR times and a block round-tripping through L3 costs
-   * as much as the micro-kernel */
 #ifdef EX_AVX512
   /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
    * than packed: with up to 12 panels of A rows, or many columns, packing B cost as much as
@@ -415,6 +414,9 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
 #else
   const int bdir = 0, pf = 0;
 #endif
+  /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
+   * of A each B element is used only m / MR times and a block round-tripping through L3 costs
+   * as much as the micro-kernel */
   const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0);
   for (int64_t jc = jb; jc < je; jc += ncs) {
     const int64_t nc = EX_MIN(ncs, je - jc);
@@ -732,7 +734,8 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
     /* about 4 ranges per thread, claimed dynamically, so a late or preempted thread does not
      * hold up the rest; each range at least ~1M multiply-adds, and a column range packs all of A
      * itself unless A is pre-packed, so those stay at least 8 panels wide */
-    if (!g.split_n && m >= 2 * nt * MC) g.rg = MC;
+    /* (pre-packed A is not packed per MC block: its ranges stay in MR panels, finer to balance) */
+    if (!g.split_n && m >= 2 * nt * MC && !apk) g.rg = MC;
     const int64_t rb = (m + g.rg - 1) / g.rg, units = g.split_n ? nb / (apk ? 1 : 8) : rb;
     g.parts = EX_MIN(EX_MIN(4 * (int64_t)nt, (int64_t)(work / 1048576.0)), units);
     g.parts = EX_MIN(EX_MAX(g.parts, nt), g.split_n ? nb : rb);
