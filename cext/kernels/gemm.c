@@ -39,10 +39,12 @@ static inline int64_t kc_step(int64_t k) {
   return EX_MIN(KC, ROUND_UP((k + nb - 1) / nb, 8));
 }
 
-/* columns per block of B packed by sgemm_range for K blocks of kc: a packed block of at most
- * about 512 KB (in floats: 131072), whole NR panels, balanced over the n columns */
-static inline int64_t nc_step(int64_t kc, int64_t n) {
-  if (n <= 0) return NC;
+/* columns per block of B packed by sgemm_range for K blocks of kc and `rows` rows of A: with
+ * few rows, a packed block of at most about 512 KB (in floats: 131072), whole NR panels,
+ * balanced over the n columns; with many, NC (the block is reused by enough rows to pay for
+ * its trips through L3, and a narrow one costs large square products 15%) */
+static inline int64_t nc_step(int64_t kc, int64_t n, int64_t rows) {
+  if (n <= 0 || rows > 4 * MC) return NC;
   const int64_t cap = EX_MAX(NR, EX_MIN(NC, 131072 / EX_MAX(kc, 1) / NR * NR));
   const int64_t nb = (n + cap - 1) / cap;
   return ROUND_UP((n + nb - 1) / nb, NR);
@@ -417,7 +419,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
    * as much as the micro-kernel */
-  const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0);
+  const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0, i1 - i0);
   for (int64_t jc = jb; jc < je; jc += ncs) {
     const int64_t nc = EX_MIN(ncs, je - jc);
     for (int64_t pc = pb; pc < pe; pc += ks) {
