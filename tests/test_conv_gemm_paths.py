@@ -8,21 +8,7 @@ import pytest
 
 from express._lib import ffi, lib
 from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params
-
-RNG = np.random.default_rng(7)
-
-
-def fp(a):
-    return ffi.cast("float *", a.__array_interface__["data"][0])
-
-
-def vp(a):
-    return ffi.cast("void *", a.__array_interface__["data"][0])
-
-
-def rnd(*shape):
-    return RNG.standard_normal(shape).astype(np.float32)
-
+from test_kernels import fp, rnd, vp  # the cffi pointer helpers of the kernel tests
 
 # m from just past the skinny path (16) across 12 panels of 14 rows (168) and beyond; n across
 # the 32-column panels and the 1024-column rule; B a view of a wider array (row stride > n)
