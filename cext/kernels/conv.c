@@ -184,7 +184,7 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
   /* 16 x 16 blocks transposed in registers, the epilogue applied before the store (the
    * element-wise transpose and its extra passes cost 7-20% of a 7x7 convolution) */
   const int act = c->p->act, clamp = act == EX_ACT_RELU || act == EX_ACT_RELU6;
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  const __m512 zero = _mm512_setzero_ps();
   for (int64_t q = q0 * 16; q < EX_MIN(ocg, q1 * 16); q += 16) {
     const int64_t no = EX_MIN(16, ocg - q);
     const __mmask16 mo = (__mmask16)(0xFFFFu >> (16 - no));
@@ -200,8 +200,7 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
         __m512 v = r[o];
         if (c->bias) v = _mm512_add_ps(v, _mm512_set1_ps(c->bias[q + o]));
         if (c->res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mj, c->res + (q + o) * N + j0));
-        if (clamp) v = _mm512_max_ps(zero, v); /* the constant first: NaN passes through */
-        if (act == EX_ACT_RELU6) v = _mm512_min_ps(six, v);
+        v = relu512(v, act);
         _mm512_mask_storeu_ps(yr, mj, v);
       }
     }
@@ -705,6 +704,20 @@ static void wgp_out(void *vctx, int64_t o0, int64_t o1) {
   wg_out(c->g, c->t0, c->M, o0, o1);
 }
 
+/* the input zero-padded to ph x pw per plane (the padding at the top left, as p says) in the
+ * SC_WG_X scratch buffer, so that every Winograd tile reads in bounds; NULL if out of memory */
+static float *wg_padded(const ex_conv_params *p, const float *x, int64_t ph, int64_t pw) {
+  const size_t n = (size_t)(p->n * p->c * ph * pw);
+  float *xp = sc_take(SC_WG_X, n);
+  if (!xp) return NULL;
+  memset(xp, 0, n * sizeof(float));
+  const int64_t ncopy = EX_MAX(0, EX_MIN(p->w, pw - p->pw));
+  for (int64_t q = 0; q < p->n * p->c; q++)
+    for (int64_t iy = 0; iy < p->h && iy + p->ph < ph; iy++)
+      memcpy(xp + (q * ph + iy + p->ph) * pw + p->pw, x + (q * p->h + iy) * p->w, (size_t)ncopy * sizeof(float));
+  return xp;
+}
+
 static int conv_winograd(const ex_conv_params *p, const float *x, const float *u,
                          const float *bias, const float *res, float *y) {
   if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
@@ -730,18 +743,8 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   float *xp = NULL;
 #ifdef EX_AVX2
   { /* zero-padded input: every tile reads in bounds (+8 floats of slack per row) */
-    const int64_t ph = 4 * g.th + 2;
     g.xpw = 4 * g.tw + 2 + 8;
-    const size_t nxp = (size_t)(p->n * p->c * ph * g.xpw);
-    xp = sc_take(SC_WG_X, nxp);
-    if (xp) {
-      memset(xp, 0, nxp * sizeof(float));
-      for (int64_t q = 0; q < p->n * p->c; q++)
-        for (int64_t iy = 0; iy < p->h && iy + p->ph < ph; iy++)
-          memcpy(xp + (q * ph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
-                 (size_t)EX_MIN(p->w, g.xpw - p->pw) * sizeof(float));
-      g.xp = xp;
-    }
+    g.xp = xp = wg_padded(p, x, 4 * g.th + 2, g.xpw);
   }
 #endif
   if (phased) {
@@ -875,14 +878,7 @@ static void w2_out(void *vctx, int64_t o0, int64_t o1) {
         for (int64_t l = 0; l < no; l++)
           for (int64_t r = 0; r < ny; r++)
             for (int64_t q = 0; q < nx; q++) out[2 * r + q][l] += rt[(o + l) * OHW + r * p->ow + q];
-      for (int k = 0; k < 4; k++) {
-        if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6)
-          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] < 0.0f ? 0.0f : out[k][l];
-        if (p->act == EX_ACT_RELU6)
-          for (int l = 0; l < 8; l++) out[k][l] = out[k][l] > 6.0f ? 6.0f : out[k][l];
-        else if (p->act != EX_ACT_NONE && p->act != EX_ACT_RELU)
-          for (int l = 0; l < 8; l++) out[k][l] = act_f(p->act, out[k][l]);
-      }
+      for (int k = 0; k < 4; k++) act_row(p->act, &out[k][0], 8);
       for (int64_t l = 0; l < no; l++)
         for (int64_t r = 0; r < ny; r++)
           for (int64_t q = 0; q < nx; q++) yt[(o + l) * OHW + r * p->ow + q] = out[2 * r + q][l];
@@ -899,15 +895,8 @@ static int conv_winograd2(const ex_conv_params *p, const float *x, const float *
   const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[WG_MARK] == 16 ? p->wpack : NULL;
   w2_ctx g = {p, u, upk, bias, res, y, NULL, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
   /* the zero-padded input: every tile reads in bounds */
-  const size_t nxp = (size_t)(p->n * C * g.xph * g.xpw);
-  float *xp = sc_take(SC_WG_X, nxp);
+  float *xp = wg_padded(p, x, g.xph, g.xpw);
   if (!xp) return EX_ENOMEM;
-  memset(xp, 0, nxp * sizeof(float));
-  const int64_t ncopy = EX_MAX(0, EX_MIN(p->w, g.xpw - p->pw));
-  for (int64_t q = 0; q < p->n * C; q++)
-    for (int64_t iy = 0; iy < p->h && iy + p->ph < g.xph; iy++)
-      memcpy(xp + (q * g.xph + iy + p->ph) * g.xpw + p->pw, x + (q * p->h + iy) * p->w,
-             (size_t)ncopy * sizeof(float));
   g.xp = xp;
   /* blocks of up to about 128 tiles, balanced, whole MR panels */
   const int64_t nblk = (total + 127) / 128, tb = EX_MIN(total, ROUND_UP((total + nblk - 1) / nblk, MR));
