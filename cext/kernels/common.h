@@ -90,6 +90,13 @@ static inline void split512(__m512 a, __m512 b, __m512 *ev, __m512 *od) {
   *ev = _mm512_permutex2var_ps(a, ie, b);
   *od = _mm512_permutex2var_ps(a, io, b);
 }
+/* ReLU / ReLU6 of v for those act values (any other: v unchanged).  The constant is the first
+ * operand: max/min return the second when either is NaN, so NaN passes through as in act_row */
+static inline __m512 relu512(__m512 v, int act) {
+  if (act == EX_ACT_RELU || act == EX_ACT_RELU6) v = _mm512_max_ps(_mm512_setzero_ps(), v);
+  if (act == EX_ACT_RELU6) v = _mm512_min_ps(_mm512_set1_ps(6.0f), v);
+  return v;
+}
 #endif
 #ifdef EX_AVX2
 static inline void split256(__m256 a, __m256 b, __m256 *ev, __m256 *od) {

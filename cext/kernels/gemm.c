@@ -221,7 +221,6 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
     cb0 = _mm512_maskz_loadu_ps(m0, e->cb);
     if (nv == 2) cb1 = _mm512_maskz_loadu_ps(m1, e->cb + 16);
   }
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
 #pragma GCC unroll 14
   for (int i = 0; i < rows; i++) {
     float *ci = c + i * ldc;
@@ -241,13 +240,8 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
         c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ri));
         if (nv == 2) c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ri + 16));
       }
-      /* the constant first: max/min return their second operand when either is NaN, so NaN
-       * passes through as in act_row */
-      if (e->act == EX_ACT_RELU || e->act == EX_ACT_RELU6) {
-        c0[i] = _mm512_max_ps(zero, c0[i]);
-        c1[i] = _mm512_max_ps(zero, c1[i]);
-      }
-      if (e->act == EX_ACT_RELU6) { c0[i] = _mm512_min_ps(six, c0[i]); c1[i] = _mm512_min_ps(six, c1[i]); }
+      c0[i] = relu512(c0[i], e->act);
+      c1[i] = relu512(c1[i], e->act);
     }
     if (nv == 2) {
       _mm512_storeu_ps(ci, c0[i]);
