@@ -297,13 +297,12 @@ static void pin_worker(int i) {
 #endif
 }
 
-struct worker_start { uint32_t gen; int index; };
-static struct worker_start g_start[MAX_THREADS];
+static uint32_t g_start_gen[MAX_THREADS]; /* the job generation worker i starts from */
 
 static void *worker_main(void *arg) {
-  const struct worker_start *st = arg;
-  uint32_t seen = st->gen;
-  pin_worker(st->index);
+  const uint32_t *start = arg;
+  uint32_t seen = *start;
+  pin_worker((int)(start - g_start_gen));
   for (;;) {
     uint32_t g;
     const int64_t t0 = now_ns();
@@ -347,9 +346,8 @@ static void stop_workers(void) {
 /* with run_lock held: start the missing workers (fewer if the system refuses) */
 static void start_workers(void) {
   while (P.nworkers < P.nthreads - 1) {
-    g_start[P.nworkers].gen = P.gen;
-    g_start[P.nworkers].index = P.nworkers;
-    if (pthread_create(&P.workers[P.nworkers], NULL, worker_main, &g_start[P.nworkers]) != 0) break;
+    g_start_gen[P.nworkers] = P.gen;
+    if (pthread_create(&P.workers[P.nworkers], NULL, worker_main, &g_start_gen[P.nworkers]) != 0) break;
     P.nworkers++;
   }
 }
