@@ -297,12 +297,12 @@ VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
  * prefetched QG_PF ahead.  Vector p of x holds values 8p .. 8p + 3 of the block in its lower 8
  * lanes and 8p + 4 .. 8p + 7 in its upper 8, permuted from the block's 32 bytes in registers: a
  * copy of x expanded to that form in memory (256 bytes a block) outgrew L1 at k = 4864 and
- * took the down projection from 34 to 25 GB/s.  Tried and measured
- * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, ~31 GB/s here of ~40 the core can read):
- * 8 or 4 row groups side by side (x loaded once for all; 8 prefetched streams, ~20 GB/s), two
- * blocks a step in register accumulators, and adding the halves of two blocks crosswise to
- * halve the float work (both ~28).  The high nibble by one gf2p8affine (GFNI) instead of a
- * shift and a mask gave 0 to 3%, within the noise. */
+ * took the down projection from 34 to 25 GB/s.  Tried and measured slower on a Zen 5 core
+ * (int4, Qwen2.5-0.5B shapes, with x then read from that copy, ~31 GB/s of ~40 the core can
+ * read): 8 or 4 row groups side by side (x loaded once for all; 8 prefetched streams, ~20 GB/s),
+ * two blocks a step in register accumulators, and adding the halves of two blocks crosswise to
+ * halve the float work (both ~28).  Within the noise: the high nibble by one gf2p8affine (GFNI)
+ * instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch distance. */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
