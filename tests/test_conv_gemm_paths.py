@@ -1,6 +1,6 @@
 """The GEMM paths that convolutions take, called through the C entry points on every kernel
 variant the CPU has, against NumPy: B read in place by the micro-kernel (few rows of A, or many
-columns), the transposed small-plane convolution with its in-register transpose and epilogue,
+columns), a small A read in place, the transposed small-plane convolution with its in-register transpose and epilogue,
 and the skinny GEMV that prefetches its weight rows."""
 import ml_dtypes
 import numpy as np
@@ -21,6 +21,31 @@ def test_matmul_b_in_place(m, n, k, isa, threads):
     assert lib.ex_matmul(lib.EX_F32, vp(a), k, 1, vp(b), n + 9, 1, vp(c), m, n, k, 0,
                          ffi.NULL, ffi.NULL, ffi.NULL) == 0
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+# A read in place (small row-major A; rows not 2 KB apart): row counts across the 14-row panels,
+# depths across one and two K blocks (k > 512), A a view with row stride k + pad (pad 0, and
+# 512 - k: stride 512 floats, which packs A instead)
+@pytest.mark.parametrize("m,n,k", [(17, 40, 64), (31, 33, 100), (64, 64, 64), (99, 70, 20), (128, 128, 128),
+                                   (20, 50, 700), (250, 17, 90)])
+@pytest.mark.parametrize("pad", [0, 5, "2k"])
+def test_matmul_a_in_place(m, n, k, pad, isa, threads):
+    lda = 512 if pad == "2k" and k < 512 else k + (pad if pad != "2k" else 0)
+    a = rnd(m, lda)[:, :k]
+    b = rnd(k, n)
+    c = np.empty((m, n), np.float32)
+    assert lib.ex_matmul(lib.EX_F32, vp(a), lda, 1, vp(b), n, 1, vp(c), m, n, k, 0, ffi.NULL, ffi.NULL, ffi.NULL) == 0
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m,n,k", [(17, 40, 64), (45, 100, 96), (128, 33, 200)])
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_linear_a_in_place_epilogue(m, n, k, act, isa, threads):
+    x, w, b, r = rnd(m, k), rnd(n, k), rnd(n), rnd(m, n)
+    y = np.empty((m, n), np.float32)
+    assert lib.ex_linear(fp(x), vp(w), lib.EX_F32, fp(b), fp(r), fp(y), m, n, k, ACTS[act]) == 0
+    want = _act_ref(x.astype(np.float64) @ w.T + b + r, act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
 def conv1x1(x, w, act, bias, res, pack):

@@ -8,8 +8,8 @@
  * portable one uses GNU vector extensions.  B may be f16/bf16 (widened while packing, F16C).
  * An epilogue (bias per row or column, residual add, activation) is applied to each tile right
  * after its last K block, while it is still in L1.  The AVX-512 kernel reads row-major f32 B in
- * place instead of packing it when A has few rows (or B many columns), and prefetches
- * pre-packed weights far ahead: they stream from memory, page by page.
+ * place instead of packing it when A has few rows (or B many columns), a small row-major A in
+ * place too, and prefetches pre-packed weights far ahead: they stream from memory, page by page.
  * Skinny products (m <= 16) against a transposed B (weights stored [n, k], as nn.Linear) skip
  * packing: a dot-product kernel streams each weight row once for 4 rows of A at a time.
  * m == 1 or n == 1 with f32 B goes to a GEMV (dot or axpy form, whichever walks memory
@@ -30,6 +30,7 @@
 #define MC 144
 #endif
 #define NC 4096
+#define ADIR_MAX 24576 /* floats: 96 KB */
 #define ROUND_UP(x, r) (((x) + (r) - 1) / (r) * (r))
 
 /* the K block length for a product of depth k: at most KC, blocks balanced (k = 576 runs as two
@@ -184,10 +185,10 @@ typedef struct {
  * memory (UK_PF_A: A is them, UK_PF_B: B), prefetched further ahead, since the hardware
  * prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead. */
 enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4 };
-static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, __mmask16 mk,
-                                                           int64_t kc, const float *a, const float *b,
-                                                           int64_t bs, float *c, int64_t ldc, int acc,
-                                                           const uk_epi *e, int pf) {
+static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, const int adir,
+                                                           __mmask16 mk, int64_t kc, const float *a,
+                                                           int64_t as, const float *b, int64_t bs, float *c,
+                                                           int64_t ldc, int acc, const uk_epi *e, int pf) {
   const int64_t da = pf & UK_PF_A ? 64 * MR : 4 * MR;
   /* the last vector's columns: B loads (B may be unpacked, rows bs apart, ending at the panel's
    * last column), C loads and stores under mk */
@@ -198,7 +199,7 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
   for (int64_t p = 0; p < kc; p++) {
     const __m512 b0 = _mm512_maskz_loadu_ps(m0, b); /* pre-packed B may be unaligned */
     const __m512 b1 = nv == 2 ? _mm512_maskz_loadu_ps(m1, b + 16) : b0;
-    _mm_prefetch((const char *)(a + da), _MM_HINT_T0);
+    if (!adir) _mm_prefetch((const char *)(a + da), _MM_HINT_T0);
     if (pf & UK_PF_B) { /* both lines of the B row 32 iterations ahead */
       _mm_prefetch((const char *)(b + 32 * NR), _MM_HINT_T0);
       _mm_prefetch((const char *)(b + 32 * NR + 16), _MM_HINT_T0);
@@ -209,11 +210,11 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
     }
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
-      const __m512 av = _mm512_set1_ps(a[i]);
+      const __m512 av = _mm512_set1_ps(adir ? a[i * as] : a[i]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
       if (nv == 2) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
-    a += MR;
+    a += adir ? 1 : MR;
     b += bs;
   }
   __m512 cb0 = _mm512_setzero_ps(), cb1 = cb0;
@@ -253,36 +254,34 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
 }
 
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
-  uk_body(MR, 2, 0xFFFF, kc, a, b, NR, c, ldc, acc, NULL, 0);
+  uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, NR, c, ldc, acc, NULL, 0);
 }
 
-/* one instance per row count and width: a partial panel (m not a multiple of MR, or n of NR)
- * computes only its rows and (to 16 columns) its width */
-typedef void (*uk_fn)(int64_t, const float *, const float *, int64_t, float *, int64_t, int, const uk_epi *,
-                      __mmask16, int);
-#define UK_ROWS(R)                                                                                  \
-  static void uk_rows##R(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, \
-                         int acc, const uk_epi *e, __mmask16 mk, int pf) {                         \
-    uk_body(R, 2, mk, kc, a, b, bs, c, ldc, acc, e, pf);                                           \
-  }                                                                                                 \
-  static void uk_half##R(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, \
-                         int acc, const uk_epi *e, __mmask16 mk, int pf) {                         \
-    uk_body(R, 1, mk, kc, a, b, bs, c, ldc, acc, e, pf);                                           \
+/* one instance per row count, width and A form (packed panel, or rows `as` apart read in place):
+ * a partial panel (m not a multiple of MR, or n of NR) computes only its rows and (to 16
+ * columns) its width */
+typedef void (*uk_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int,
+                      const uk_epi *, __mmask16, int);
+#define UK_FN(NAME, R, NV, AD)                                                                   \
+  static void NAME(int64_t kc, const float *a, int64_t as, const float *b, int64_t bs, float *c, \
+                   int64_t ldc, int acc, const uk_epi *e, __mmask16 mk, int pf) {                \
+    uk_body(R, NV, AD, mk, kc, a, as, b, bs, c, ldc, acc, e, pf);                                \
   }
+#define UK_ROWS(R) UK_FN(uk_half##R, R, 1, 0) UK_FN(uk_rows##R, R, 2, 0) \
+                   UK_FN(uk_dhalf##R, R, 1, 1) UK_FN(uk_drows##R, R, 2, 1)
 UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
 UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
 #undef UK_ROWS
-static const uk_fn UK_TAB[2][MR + 1] = {
-    {NULL, uk_half1, uk_half2, uk_half3, uk_half4, uk_half5, uk_half6, uk_half7, uk_half8, uk_half9,
-     uk_half10, uk_half11, uk_half12, uk_half13, uk_half14},
-    {NULL, uk_rows1, uk_rows2, uk_rows3, uk_rows4, uk_rows5, uk_rows6, uk_rows7, uk_rows8, uk_rows9,
-     uk_rows10, uk_rows11, uk_rows12, uk_rows13, uk_rows14}};
+#undef UK_FN
+#define UK_ALL(P) {NULL, P##1, P##2, P##3, P##4, P##5, P##6, P##7, P##8, P##9, P##10, P##11, P##12, P##13, P##14}
+static const uk_fn UK_TAB[2][2][MR + 1] = {{UK_ALL(uk_half), UK_ALL(uk_rows)}, {UK_ALL(uk_dhalf), UK_ALL(uk_drows)}};
+#undef UK_ALL
 
 /* an mr x nr tile straight into C, with the epilogue in registers when it is one the kernel
  * knows (*fused: the caller then skips epi_tile); 0 if it must go the generic way */
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc, int pf,
-                   int *fused) {
+                   const float *a, int64_t as, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, int *fused) {
   uk_epi e = {NULL, NULL, NULL, 0, EX_ACT_NONE};
   const int reg = ep->act == EX_ACT_NONE || ep->act == EX_ACT_RELU || ep->act == EX_ACT_RELU6;
   *fused = 0;
@@ -296,7 +295,7 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
   }
   const int nv = nr > 16 ? 2 : 1;
   const __mmask16 mk = (__mmask16)((1u << (nr - 16 * (nv - 1))) - 1);
-  UK_TAB[nv - 1][mr](kc, a, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf);
+  UK_TAB[as > 0][nv - 1][mr](kc, a, as, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf);
   return 1;
 }
 #elif defined(EX_AVX2)
@@ -357,9 +356,9 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 
 #if !defined(EX_AVX512)
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
-                   const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc, int pf,
-                   int *fused) {
-  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)b; (void)bs;
+                   const float *a, int64_t as, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, int *fused) {
+  (void)ep; (void)last; (void)i0; (void)j0; (void)mr; (void)nr; (void)kc; (void)a; (void)as; (void)b; (void)bs;
   (void)c; (void)ldc; (void)acc; (void)pf;
   *fused = 0;
   return 0;
@@ -407,8 +406,11 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   const int bdir = !g->bsh && !g->bpk && g->bdt == EX_F32 && g->bcs == 1 &&
                    (i1 - i0 <= 12 * MR || g->n >= 1024);
   const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? UK_PF_BROW : 0);
+  /* a small row-major A (its MC x KC block within L2, rows not a multiple of 2 KB apart, which
+   * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
+  const int adir = !g->apk && g->acs == 1 && mmax * kmax <= ADIR_MAX && g->ars % 512;
 #else
-  const int bdir = 0, pf = 0;
+  const int bdir = 0, adir = 0, pf = 0;
 #endif
   /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
@@ -428,13 +430,14 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
         const int64_t mc = EX_MIN(MC, i1 - ic);
         const float *apc = ap;
         if (g->apk) apc = g->apk + pc * ROUND_UP(g->m, MR) + ic * kc;
+        else if (adir) apc = g->a + ic * g->ars + pc;
         else pack_a(mc, kc, g->a + ic * g->ars + pc * g->acs, g->ars, g->acs, ap);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int64_t nr = EX_MIN(NR, nc - jr);
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
-            const float *pa = apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
+            const float *pa = adir ? apc + ir * g->ars : apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
             if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
               for (int64_t i = 0; i < mr; i++) {
                 const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
@@ -442,8 +445,8 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                 __builtin_prefetch(rr + nr - 1, 0, 3);
               }
             int fused = 0;
-            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, pb, bdir ? g->brs : NR, c, ldc, pc > 0, pf,
-                        &fused)) {
+            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
+                        ldc, pc > 0, pf, &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
               ukernel(kc, pa, pb, c, ldc, pc > 0);
