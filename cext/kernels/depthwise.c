@@ -11,7 +11,8 @@
  * the top/bottom padding are skipped.  Bias starts the sum; the residual and ReLU/ReLU6 are
  * applied in registers before the store (other activations over the finished row).  Threads
  * claim whole planes, or strips of rows of large planes, as they go; small layers stay on the
- * calling thread. */
+ * calling thread.  conv_pwdw (conv.c) runs it on bands of rows of the expanded tensor it holds in
+ * a buffer: the input plane stride and the rows present are fields of dwd_ctx. */
 #include <stdatomic.h>
 
 #ifdef EX_AVX512
@@ -188,23 +189,28 @@ typedef struct {
   float *y;
   int64_t nstrip, rows; /* strips per plane, output rows per strip */
   int64_t units, claim; /* plane strips in all, taken `claim` at a time */
+  int64_t oyb, oye;     /* the output rows of each plane computed: [oyb, oye) */
+  /* input planes xplane floats apart holding rows [ia, ib) of the h (row ia first); the rest
+   * reads as padding: a band of rows (conv_pwdw) or, normally, the whole plane */
+  int64_t xplane, ia, ib;
   _Atomic int64_t next; /* the next unclaimed strip */
   void (*fn)(void *, int64_t, int64_t); /* the task for this kernel size and stride */
 } dwd_ctx;
 
 /* input rows oy * S - ph + i, i in [0, nr), of plane xq, offset by column c (NULL: padding) */
-DWD_INLINE void dwd_row_ptrs(const ex_conv_params *p, const float *xq, int64_t oy, int64_t c,
-                             int nr, const int S, const float **rp) {
+DWD_INLINE void dwd_row_ptrs(const dwd_ctx *g, const float *xq, int64_t oy, int64_t c, int nr,
+                             const int S, const float **rp) {
   for (int i = 0; i < nr; i++) {
-    const int64_t iy = oy * S - p->ph + i;
-    rp[i] = iy >= 0 && iy < p->h ? xq + iy * p->w + c : NULL;
+    const int64_t iy = oy * S - g->p->ph + i;
+    rp[i] = iy >= g->ia && iy < g->ib ? xq + (iy - g->ia) * g->p->w + c : NULL;
   }
 }
 
 /* prefetch the input rows [r0, r0 + nr) of plane xq that exist */
-DWD_INLINE void dwd_prefetch(const ex_conv_params *p, const float *xq, int64_t r0, int nr) {
-  for (int64_t r = EX_MAX(r0, 0); r < EX_MIN(r0 + nr, p->h); r++)
-    for (int64_t c = 0; c < p->w; c += 16) __builtin_prefetch(xq + r * p->w + c, 0, 3);
+DWD_INLINE void dwd_prefetch(const dwd_ctx *g, const float *xq, int64_t r0, int nr) {
+  const int64_t w = g->p->w;
+  for (int64_t r = EX_MAX(r0, g->ia); r < EX_MIN(r0 + nr, g->ib); r++)
+    for (int64_t c = 0; c < w; c += 16) __builtin_prefetch(xq + (r - g->ia) * w + c, 0, 3);
 }
 
 /* output rows [oy0, oy1) of plane q.  The column chunks that read only inside the rows run
@@ -215,7 +221,7 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
                          const int S) {
   const ex_conv_params *p = g->p;
   const int64_t ch = q % p->c, w = p->w, ow = p->ow, pw = p->pw, span = S * DWD_VL + K - 1;
-  const float *xq = g->x + q * p->h * w, *wc = g->w + ch * K * K;
+  const float *xq = g->x + q * g->xplane, *wc = g->w + ch * K * K;
   float *const y = g->y + q * p->oh * ow;
   const float *const res = g->res ? g->res + q * p->oh * ow : NULL;
   dwd_v wv[DWD_MAXK * DWD_MAXK];
@@ -231,7 +237,7 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
     int64_t oy = oy0;
     for (; S == 1 && oy + 2 <= oy1; oy += 2) {
       const float *rp[DWD_MAXK + 1], *r[DWD_MAXK + 1];
-      dwd_row_ptrs(p, xq, oy, -pw, K + 1, S, rp);
+      dwd_row_ptrs(g, xq, oy, -pw, K + 1, S, rp);
       float *y0 = y + oy * ow, *y1 = y0 + ow;
       const float *r0 = res ? res + oy * ow : NULL, *r1 = res ? r0 + ow : NULL;
       for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
@@ -244,9 +250,9 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
     }
     for (; oy < oy1; oy++) {
       const float *rp[DWD_MAXK], *r[DWD_MAXK];
-      dwd_row_ptrs(p, xq, oy, -pw, K, S, rp);
+      dwd_row_ptrs(g, xq, oy, -pw, K, S, rp);
       /* stride 2 streams through twice the input per output: fetch two output rows ahead */
-      if (S == 2) dwd_prefetch(p, xq, oy * S - p->ph + K + S, S);
+      if (S == 2) dwd_prefetch(g, xq, oy * S - p->ph + K + S, S);
       float *y0 = y + oy * ow;
       const float *r0 = res ? res + oy * ow : NULL;
       for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
@@ -269,7 +275,7 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
     int64_t oy = oy0;
     for (; S == 1 && oy + 2 <= oy1; oy += 2) {
       const float *rp[DWD_MAXK + 1];
-      dwd_row_ptrs(p, xq, oy, c0, K + 1, S, rp);
+      dwd_row_ptrs(g, xq, oy, c0, K + 1, S, rp);
       const int64_t yo = oy * ow + ox;
       dwd_v a0, a1;
       dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
@@ -278,7 +284,7 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
     }
     for (; oy < oy1; oy++) {
       const float *rp[DWD_MAXK];
-      dwd_row_ptrs(p, xq, oy, c0, K, S, rp);
+      dwd_row_ptrs(g, xq, oy, c0, K, S, rp);
       const int64_t yo = oy * ow + ox;
       dwd_out(y + yo, res ? res + yo : NULL, dwd_chunk(rp, wv, bv, m, K, S), n, sm, clamp, six);
     }
@@ -301,8 +307,8 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
         u1 = EX_MIN(u0 + g->claim, g->units);                                          \
       }                                                                                \
       for (int64_t u = u0; u < u1; u++) {                                              \
-        const int64_t oy0 = u % g->nstrip * g->rows;                                   \
-        dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->p->oh), K, S);        \
+        const int64_t oy0 = g->oyb + u % g->nstrip * g->rows;                          \
+        dwd_rows(g, u / g->nstrip, oy0, EX_MIN(oy0 + g->rows, g->oye), K, S);          \
       }                                                                                \
       if (!pool) return;                                                               \
     }                                                                                  \
@@ -315,6 +321,11 @@ DWD_TASK(5, 2)
 
 /* the pool's entry: every thread claims strips (see DWD_TASK) */
 static void dwd_pool_task(void *vctx, int64_t t0, int64_t t1) { ((dwd_ctx *)vctx)->fn(vctx, 0, -1); }
+
+/* the task for p's kernel size and stride (dwd_ok) */
+static void (*dwd_fn(const ex_conv_params *p))(void *, int64_t, int64_t) {
+  return p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32) : (p->sh == 1 ? dwd_task_51 : dwd_task_52);
+}
 
 static int dwd_ok(const ex_conv_params *p) {
   return p->kh == p->kw && (p->kh == 3 || p->kh == 5) && p->sh == p->sw && p->sh <= 2 &&
@@ -339,9 +350,10 @@ static int dwd_run(const ex_conv_params *p, const float *x, const float *w, cons
 #endif
   const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
   const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
-  void (*fn)(void *, int64_t, int64_t) = p->kh == 3 ? (p->sh == 1 ? dwd_task_31 : dwd_task_32)
-                                                    : (p->sh == 1 ? dwd_task_51 : dwd_task_52);
-  dwd_ctx g = {p, x, w, bias, res, y, 1, p->oh, planes, 1, 0, fn};
+  void (*fn)(void *, int64_t, int64_t) = dwd_fn(p);
+  dwd_ctx g = {.p = p, .x = x, .w = w, .bias = bias, .res = res, .y = y, .nstrip = 1, .rows = p->oh,
+               .units = planes, .claim = 1, .fn = fn, .oyb = 0, .oye = p->oh, .xplane = p->h * p->w,
+               .ia = 0, .ib = p->h};
   if (nt == 1 || total < DWD_SERIAL) {
     fn(&g, 0, planes);
     return EX_OK;
