@@ -7,6 +7,7 @@
  *              over 1x1 directly in the GEMM's packed-B layout); a 1x1 stride-1 unpadded conv
  *              reads x itself as col.  Few output positions (7x7, 14x14) run transposed,
  *              col^T @ W^T, then a transpose with the epilogue.
+ *              On AVX-512, at most 4 input channels (the stems) run a direct kernel instead.
  *   DEPTHWISE  groups == c == oc: 3x3 and 5x5 at stride 1 or 2 by the direct kernel of
  *              depthwise.c, other shapes per output row of a zero-padded copy of each plane.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
@@ -1064,6 +1065,110 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
   return EX_OK;
 }
 
+/* ---- few input channels (the stems: 3 -> 32 at 3x3 and 3 -> 64 at 7x7, stride 2) ----
+ * im2col would write c*kh*kw shifted copies of the input for the GEMM to read back (8 MB for the
+ * 7x7 stem), and 32 or 64 output rows fill the GEMM's 14-row panels poorly.  Direct instead: per
+ * output row, block of 16 output channels and 16 outputs along the row, one accumulator per
+ * channel; each input row of the window gives its kw tap vectors once (stride 2: two loads split
+ * into even and odd columns in registers, masked over the padding), and each tap feeds the 16
+ * channels' FMAs with broadcast weights.  Bias starts the sums; the residual and ReLU/ReLU6 are
+ * applied before the store.  Rows of the output are shared by the pool. */
+#ifdef EX_AVX512
+#define CS_MAXC 4
+typedef struct {
+  const ex_conv_params *p;
+  const float *x, *wt, *bias, *res; /* wt[oc / 16 blocks][c * kh * kw][16]: a tap's 16 channels together */
+  float *y;
+} cs_ctx;
+
+static int cs_ok(const ex_conv_params *p) {
+  return p->groups == 1 && p->c <= CS_MAXC && (p->kw == 3 || p->kw == 5 || p->kw == 7) && p->kh <= 7 &&
+         p->sh == p->sw && p->sh <= 2 && p->dh == 1 && p->dw == 1 && p->ow >= 16;
+}
+
+/* lanes l with 0 <= start + l < w */
+static inline __mmask16 cs_mask(int64_t start, int64_t w) {
+  const int64_t lo = EX_MAX(0, -start), hi = EX_MIN(16, w - start);
+  return lo < hi ? (__mmask16)((0xFFFFu >> (16 - (hi - lo))) << lo) : 0;
+}
+
+static inline __attribute__((always_inline)) void cs_rows(const cs_ctx *g, int64_t r0, int64_t r1, const int KW,
+                                                          const int S) {
+  const ex_conv_params *p = g->p;
+  const int64_t C = p->c, H = p->h, W = p->w, OW = p->ow, OHW = p->oh * OW, KH = p->kh, CK = C * KH * KW;
+  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6;
+  for (int64_t r = r0; r < r1; r++) { /* output row oy of image b */
+    const int64_t b = r / p->oh, oy = r % p->oh;
+    const float *xb = g->x + b * C * H * W;
+    for (int64_t o0 = 0; o0 < p->oc; o0 += 16) {
+      const int64_t no = EX_MIN(16, p->oc - o0);
+      float *yo = g->y + (b * p->oc + o0) * OHW + oy * OW;
+      const float *ro = g->res ? g->res + (yo - g->y) : NULL;
+      const float *wb = g->wt + o0 * CK;
+      for (int64_t ox0 = 0; ox0 < OW; ox0 += 16) {
+        const int64_t c0 = ox0 * S - p->pw; /* the first tap's input column */
+        const int edge = c0 < 0 || c0 + KW - 1 + 16 * S > W;
+        const __mmask16 mn = (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, OW - ox0)));
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int o = 0; o < 16; o++) acc[o] = _mm512_set1_ps(g->bias && o < no ? g->bias[o0 + o] : 0.0f);
+        for (int64_t ci = 0; ci < C; ci++)
+          for (int64_t i = 0; i < KH; i++) {
+            const int64_t iy = oy * S - p->ph + i;
+            if (iy < 0 || iy >= H) continue;
+            const float *row = xb + (ci * H + iy) * W + c0;
+            __m512 t[8];
+            if (S == 1) {
+              for (int j = 0; j < KW; j++)
+                t[j] = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j, W), row + j) : _mm512_loadu_ps(row + j);
+            } else {
+              for (int j = 0; j < KW; j += 2) {
+                const __m512 lo = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j, W), row + j) : _mm512_loadu_ps(row + j),
+                             hi = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j + 16, W), row + j + 16)
+                                       : _mm512_loadu_ps(row + j + 16);
+                split512(lo, hi, &t[j], &t[j + 1]);
+              }
+            }
+            const float *wr = wb + (ci * KH + i) * KW * 16;
+#pragma GCC unroll 7
+            for (int j = 0; j < KW; j++)
+#pragma GCC unroll 16
+              for (int o = 0; o < 16; o++) acc[o] = _mm512_fmadd_ps(_mm512_set1_ps(wr[j * 16 + o]), t[j], acc[o]);
+          }
+#pragma GCC unroll 16
+        for (int o = 0; o < 16; o++) { /* a fixed trip count keeps acc in registers */
+          if (o >= no) break;
+          __m512 v = acc[o];
+          if (ro) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mn, ro + o * OHW + ox0));
+          _mm512_mask_storeu_ps(yo + o * OHW + ox0, mn, relu512(v, p->act));
+        }
+      }
+      if (!clamp && p->act != EX_ACT_NONE)
+        for (int64_t o = 0; o < no; o++) act_row(p->act, yo + o * OHW, OW);
+    }
+  }
+}
+
+#define CS_TASK(KW, S) \
+  static void cs_task_##KW##S(void *vctx, int64_t r0, int64_t r1) { cs_rows(vctx, r0, r1, KW, S); }
+CS_TASK(3, 1) CS_TASK(3, 2) CS_TASK(5, 1) CS_TASK(5, 2) CS_TASK(7, 1) CS_TASK(7, 2)
+#undef CS_TASK
+
+static int conv_small_c(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                        const float *res, float *y) {
+  static void (*const fn[3][2])(void *, int64_t, int64_t) = {
+      {cs_task_31, cs_task_32}, {cs_task_51, cs_task_52}, {cs_task_71, cs_task_72}};
+  const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + 15) / 16;
+  float *wt = sc_take(SC_ROW, (size_t)(ob * CK * 16));
+  if (!wt) return EX_ENOMEM;
+  for (int64_t o = 0; o < ob * 16; o++) /* channels past the end: zero */
+    for (int64_t t = 0; t < CK; t++) wt[(o / 16 * CK + t) * 16 + o % 16] = o < p->oc ? w[o * CK + t] : 0.0f;
+  cs_ctx g = {p, x, wt, bias, res, y};
+  ex_parallel_for(p->n * p->oh, EX_MAX(1, 65536 / EX_MAX(p->ow * p->oc * CK, 1)), fn[p->kw / 2 - 1][p->sh - 1], &g);
+  return EX_OK;
+}
+#endif
+
 static int conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                   const float *res, float *y) {
   int err = conv_check(p);
@@ -1071,6 +1176,10 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
   if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
   if (!x || !w || !y) return EX_EINVAL;
   const int dw_ok = p->groups == p->c && p->oc == p->c;
+#ifdef EX_AVX512
+  if ((p->algo == EX_CONV_AUTO || p->algo == EX_CONV_GEMM) && !dw_ok && cs_ok(p))
+    return conv_small_c(p, x, w, bias, res, y);
+#endif
   switch (p->algo) {
   case EX_CONV_AUTO: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : conv_gemm(p, x, w, bias, res, y);
   case EX_CONV_GEMM: return conv_gemm(p, x, w, bias, res, y);
