@@ -162,6 +162,11 @@ typedef struct {
 } ex_conv_params;
 int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
               const float *res, float *y);
+/* y = depthwise p2 (w2, b2, res) of act(1x1 conv p1 (w1, b1) of x), the expanded tensor never
+ * stored whole: p1 1x1, stride 1, unpadded, one group (its wpack used as in ex_conv2d); p2
+ * depthwise 3x3 or 5x5, stride 1 or 2, over p1's output; b1, b2, res may be NULL */
+int ex_conv_pwdw(const ex_conv_params *p1, const float *w1, const float *b1, const ex_conv_params *p2,
+                 const float *w2, const float *b2, const float *x, const float *res, float *y);
 /* GEMM weights packed once into the micro-kernel's panel layout (for the variant in use):
  * ex_conv_packed_size(p) floats, filled by ex_conv_pack_weights(p, w, out); for WINOGRAD, w is
  * ex_winograd_weights' output and each of its 36 matrices is packed (16 for WINOGRAD2) */

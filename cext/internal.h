@@ -25,6 +25,8 @@ typedef struct {
                 float *y, int64_t m, int64_t n, int64_t k, int32_t act);
   int (*conv2d)(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                 const float *res, float *y);
+  int (*conv_pwdw)(const ex_conv_params *p1, const float *w1, const float *b1, const ex_conv_params *p2,
+                   const float *w2, const float *b2, const float *x, const float *res, float *y);
   int (*winograd_weights)(const float *w, float *u, int64_t oc, int64_t ic);
   int64_t (*conv_packed_size)(const ex_conv_params *p);
   int (*conv_pack_weights)(const ex_conv_params *p, const float *w, float *out);

@@ -125,6 +125,11 @@ int ex_conv2d(const ex_conv_params *p, const float *x, const float *w, const flo
   return K()->conv2d(p, x, w, bias, res, y);
 }
 
+int ex_conv_pwdw(const ex_conv_params *p1, const float *w1, const float *b1, const ex_conv_params *p2,
+                 const float *w2, const float *b2, const float *x, const float *res, float *y) {
+  return K()->conv_pwdw(p1, w1, b1, p2, w2, b2, x, res, y);
+}
+
 int64_t ex_conv_packed_size(const ex_conv_params *p) { return K()->conv_packed_size(p); }
 
 int ex_conv_pack_weights(const ex_conv_params *p, const float *w, float *out) {

@@ -14,7 +14,7 @@
 
 const ex_kernel_table EX_TABLE = {
     .elementwise = elementwise, .copy = copy, .reduce = reduce, .cumsum = cumsum,
-    .matmul = matmul, .softmax = softmax, .linear = linear, .conv2d = conv2d, .winograd_weights = winograd_weights,
+    .matmul = matmul, .softmax = softmax, .linear = linear, .conv2d = conv2d, .conv_pwdw = conv_pwdw, .winograd_weights = winograd_weights,
     .conv_packed_size = conv_packed_size, .conv_pack_weights = conv_pack_weights,
     .conv_transpose2d = conv_transpose2d, .pool2d = pool2d, .adaptive_pool2d = adaptive_pool2d,
     .resize2d = resize2d, .pad = pad, .layer_norm = layer_norm, .rms_norm = rms_norm,

@@ -6,7 +6,9 @@
   - an activation (relu, relu6 = clip(0, 6), silu, gelu, sigmoid) after a convolution, linear,
     group norm or batch norm becomes the kernel's epilogue;
   - a convolution's algorithm is chosen (`ops.nn.choose_conv_algo`); constant weights are
-    transformed once here for Winograd, or marked to be packed once for the GEMM micro-kernel.
+    transformed once here for Winograd, or marked to be packed once for the GEMM micro-kernel;
+  - a 1x1 convolution whose only consumer is a depthwise one becomes, with it, one `conv_pwdw`
+    when the tensor between them is large (`ops.nn.pwdw_fusable`).
 
 A rewrite only absorbs a producer that has a single consumer and is not a requested output, so
 nothing is computed twice. User tensors are never mutated: rewritten nodes are new Tensors and
@@ -181,6 +183,36 @@ def fuse_kernels(nodes: list, canon: dict, roots) -> list:
                 t = w
         canon[id(t)] = t
         result.append(t)
+    result = _fuse_pwdw(result, canon, {id(res(r)) for r in roots}, res, repl)
     for k in list(canon):
         canon[k] = res(canon[k])
     return result
+
+
+def _fuse_pwdw(nodes, canon, root_ids, res, repl):
+    """Each depthwise convolution fed by a 1x1 convolution that nothing else reads -> one conv_pwdw."""
+    uses: dict[int, int] = {}
+    for t in nodes:
+        for i in {id(res(i)): 0 for i in t.inputs}:
+            uses[i] = uses.get(i, 0) + 1
+    dead, out = set(), []
+    for t in nodes:
+        if t.op is _nn.CONV2D and t.attrs.get("wlayout", "oihw") == "oihw":
+            ins = [res(i) for i in t.inputs]
+            p = ins[0]
+            if (p.op is _nn.CONV2D and p._value is None and uses.get(id(p)) == 1 and id(p) not in root_ids
+                    and ins[1].ndim == 4 and t.shape[1] == p.shape[1] == ins[1].shape[0] and ins[1].shape[1] == 1
+                    and _nn.pwdw_fusable(p.inputs[0].shape, p.attrs, ins[1].shape, t.attrs, p.shape[1])):
+                pins = [res(i) for i in p.inputs]
+                a, d = p.attrs, t.attrs
+                new = Tensor(_nn.CONV_PWDW, tuple(pins + ins[1:]), dict(
+                    act1=a["act"], has_b1=a["has_bias"], prepack=bool(a.get("prepack")), stride=d["stride"],
+                    pads=d["pads"], act=d["act"], has_b2=d["has_bias"], has_res=d["has_res"]), t.shape, t.dtype)
+                dead.add(id(p))
+                repl[id(t)] = new
+                for i in new.inputs:
+                    canon.setdefault(id(i), i)
+                canon[id(new)] = new
+                t = new
+        out.append(t)
+    return [t for t in out if id(t) not in dead]

@@ -1,7 +1,8 @@
 """The GEMM paths that convolutions take, called through the C entry points on every kernel
 variant the CPU has, against NumPy: B read in place by the micro-kernel (few rows of A, or many
-columns), a small A read in place, the transposed small-plane convolution with its in-register transpose and epilogue,
-and the skinny GEMV that prefetches its weight rows."""
+columns), a small A read in place, the transposed small-plane convolution with its in-register
+transpose and epilogue, the skinny GEMV that prefetches its weight rows, and the direct kernel of
+few-channel stems."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -111,11 +112,12 @@ def test_linear_one_row(k, wdt, isa, threads):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-# few output channels and a short K (the stems): col built row-major, in chunks of output rows,
-# and read in place by the GEMM; 3 x 203 x 199 at stride 1 makes several chunks
+# few output channels and a short K: col built row-major, in chunks of output rows, and read in
+# place by the GEMM; 5 x 203 x 199 at stride 1 makes several chunks (at most 4 input channels go
+# to the direct kernel below instead)
 @pytest.mark.parametrize("stride,oc", [(1, 17), (2, 45)])
 def test_conv_stem_col_in_place(stride, oc, isa, threads):
-    x, wt, b = rnd(1, 3, 203, 199), rnd(oc, 3, 3, 3), rnd(oc)
+    x, wt, b = rnd(1, 5, 203, 199), rnd(oc, 5, 3, 3), rnd(oc)
     oh, ow = (203 + 2 - 3) // stride + 1, (199 + 2 - 3) // stride + 1
     r = rnd(1, oc, oh, ow)
     y = np.empty((1, oc, oh, ow), np.float32)
@@ -126,3 +128,26 @@ def test_conv_stem_col_in_place(stride, oc, isa, threads):
     assert lib.ex_conv2d(p, fp(x), fp(wt), fp(b), fp(r), fp(y)) == 0
     want = np.clip(conv2d_ref(x, wt, b, (stride, stride), (1, 1, 1, 1)) + r, 0, 6)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+# at most 4 input channels (the stems), 3 x 3 to 7 x 7 at stride 1 or 2: the direct kernel (on
+# AVX-512) with 16 outputs per vector and 16 output channels per block; odd sizes give masked
+# loads at both ends of a row and a short last vector, channel counts a short last block
+@pytest.mark.parametrize("c,k,stride,pad", [(3, 3, 2, 1), (3, 7, 2, 3), (1, 5, 1, 2), (4, 3, 1, 0), (2, 7, 1, 1),
+                                            (3, 5, 2, 0)])
+@pytest.mark.parametrize("hw", [(37, 45), (17, 16), (40, 71)])
+def test_conv_few_channels_direct(c, k, stride, pad, hw, isa, threads):
+    h, w = hw
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    for oc, act, bias, res in ((16, "relu", True, False), (45, "none", False, True), (5, "relu6", True, True),
+                               (33, "silu", True, False)):
+        x, wt = rnd(2, c, h, w), rnd(oc, c, k, k)
+        b = rnd(oc) if bias else None
+        r = rnd(2, oc, oh, ow) if res else None
+        y = np.full((2, oc, oh, ow), np.nan, np.float32)
+        p = conv_params(x.shape, y.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
+        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
+                             fp(y)) == 0
+        want = conv2d_ref(x, wt, b, (stride, stride), (pad,) * 4)
+        want = _act_ref(want if r is None else want + r, act)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * k, err_msg=f"oc={oc} act={act}")

@@ -1,7 +1,8 @@
 """Depthwise convolution (one channel per group) called directly through ex_conv2d on every kernel
 variant the CPU has, against a NumPy reference written here: 3x3 and 5x5, stride 1 and 2, padding
 0..2 (and uneven), odd plane sizes and vector tails (rows narrower and wider than a vector),
-batch 2, bias, residual and activations, planes split into row strips over two threads; plus the
+batch 2, bias, residual and activations, planes split into row strips over two threads, small
+planes 16 channels at a time; plus the
 nn.functional route with other shapes and its shape errors, and adaptive average pooling."""
 import numpy as np
 import pytest
@@ -122,6 +123,27 @@ def test_depthwise_other_activation_and_nan(isa):
     want = ref(x, wt, 1, (1,) * 4, b, act="relu6")
     assert np.array_equal(np.isnan(y), np.isnan(want)) and np.isnan(y).sum() == 9
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hw,k,stride,pad", [((7, 7), 3, 1, 1), ((14, 14), 3, 2, 1), ((15, 13), 5, 2, 2),
+                                              ((8, 8), 5, 1, 2), ((3, 5), 3, 1, 0), ((19, 19), 5, 2, 0)])
+def test_depthwise_small_planes_across_channels(hw, k, stride, pad, isa, threads):
+    """Outputs of at most 8 x 8 (MobileNetV2's 7 x 7 stage), computed 16 planes at a time on
+    AVX-512: channel counts around 16, planes of a block spanning two images, SiLU after the row,
+    and NaN through ReLU6."""
+    h, w = hw
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    for c, act, res in ((16, "relu6", False), (15, "none", True), (17, "relu", True), (960, "silu", False)):
+        x, wt, b = rnd(2, c, h, w), rnd(c, 1, k, k), rnd(c)
+        r = rnd(2, c, oh, ow) if res else None
+        if act == "relu6":
+            x[1, 3, h // 2, w // 2] = np.nan
+        got = run(x, wt, stride, pad, b, r, act)
+        want = ref(x, wt, stride, (pad,) * 4, b, r, "none" if act == "silu" else act)
+        if act == "silu":
+            want = want / (1 + np.exp(-want))
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"c={c} act={act}")
 
 
 @pytest.mark.parametrize("k,stride,dilation", [(3, 3, 1), (3, 1, 2), (7, 1, 1), (1, 1, 1)])

@@ -97,6 +97,33 @@ static inline __m512 relu512(__m512 v, int act) {
   if (act == EX_ACT_RELU6) v = _mm512_min_ps(_mm512_set1_ps(6.0f), v);
   return v;
 }
+/* r[0..15] (rows) -> r[o] = column o of the 16 x 16 block (conv.c's and depthwise.c's
+ * small-plane forms): pairs of rows interleaved, then pairs of pairs, then 128-bit lanes gathered
+ * twice */
+static inline void tr16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) { /* u[i + k], lane l: column 4 l + k of rows i .. i + 3 */
+    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]),
+                  t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+    u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  for (int k = 0; k < 4; k++) {
+    const __m512 v0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), v1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD),
+                 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88),
+                 v3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    r[4 + k] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    r[12 + k] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+}
 #endif
 #ifdef EX_AVX2
 static inline void split256(__m256 a, __m256 b, __m256 *ev, __m256 *od) {

@@ -265,6 +265,75 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
 CONV2D = defop("conv2d", "kernel", _conv_infer, _conv_ref, prepare=_keeps(_conv_prepare), contiguous=(0, 1, 2, 3))
 
 
+# ---------------------------------------------------------------- conv_pwdw
+# A 1x1 convolution (stride 1, unpadded, one group; `act1`, bias if has_b1) and the depthwise
+# convolution that reads it (`stride`, `pads`, `act`, bias if has_b2, residual if has_res) as one
+# kernel, which never stores the expanded tensor whole (fusion.py forms it). Inputs: x, w1, [b1],
+# w2, [b2], [res].
+def _pwdw_split(ins, has_b1, has_b2, has_res):
+    it = iter(ins)
+    x, w1 = next(it), next(it)
+    b1 = next(it) if has_b1 else None
+    w2 = next(it)
+    b2 = next(it) if has_b2 else None
+    return x, w1, b1, w2, b2, next(it) if has_res else None
+
+
+def _pwdw_infer(*ins, act1, has_b1, prepack, stride, pads, act, has_b2, has_res):
+    x, w1, b1, w2, b2, r = _pwdw_split(ins, has_b1, has_b2, has_res)
+    _need_f32("conv_pwdw", *ins)
+    e = w1.shape[0]
+    if x.ndim != 4 or w1.shape != (e, x.shape[1], 1, 1) or w2.ndim != 4 or w2.shape[:2] != (e, 1):
+        raise ShapeError(f"conv_pwdw: input {x.shape} with weights {w1.shape}, {w2.shape}")
+    n, _, h, w = x.shape
+    kh, kw = w2.shape[2:]
+    out = (n, e, conv_out(h, kh, stride[0], pads[0], pads[2], 1), conv_out(w, kw, stride[1], pads[1], pads[3], 1))
+    for t, want in ((b1, (e,)), (b2, (e,)), (r, out)):
+        if t is not None and t.shape != want:
+            raise ShapeError(f"conv_pwdw: {t.shape} where {want} was expected")
+    return out, dt.float32
+
+
+def _pwdw_ref(*ins, act1, has_b1, prepack, stride, pads, act, has_b2, has_res):
+    x, w1, b1, w2, b2, r = _pwdw_split(ins, has_b1, has_b2, has_res)
+    e = _act_ref(conv2d_ref(x, w1, b1), act1)
+    y = conv2d_ref(e, w2, b2, stride, pads, (1, 1), w2.shape[0])
+    return _act_ref(y if r is None else y + r, act)
+
+
+def _pwdw_prepare(out, ins, act1, has_b1, prepack, stride, pads, act, has_b2, has_res):
+    x, w1, b1, w2, b2, r = _pwdw_split(ins, has_b1, has_b2, has_res)
+    mid = (x.shape[0], w1.shape[0]) + x.shape[2:]
+    p1 = conv_params(x.shape, mid, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, act1, "gemm")
+    p2 = conv_params(mid, out.shape, w2.shape[2:], stride, pads, (1, 1), w2.shape[0], act, "depthwise")
+    keep = [p1, p2]
+    if prepack:  # constant expansion weights: packed once for the GEMM micro-kernel
+        packed = np.empty(lib.ex_conv_packed_size(p1), np.float32)
+        check(lib.ex_conv_pack_weights(p1, _fp(w1), _fp(packed)), "conv_pwdw")
+        keep.append(packed)
+        p1.wpack = _fp(packed)
+    args = (p1, _fp(w1), _fp_opt(b1), p2, _fp(w2), _fp_opt(b2), _fp(x), _fp_opt(r), _fp(out))
+    return lambda keep=keep: check(lib.ex_conv_pwdw(*args), "conv_pwdw")
+
+
+CONV_PWDW = defop("conv_pwdw", "kernel", _pwdw_infer, _pwdw_ref, prepare=_keeps(_pwdw_prepare),
+                  contiguous=(0, 1, 2, 3, 4, 5))
+
+
+def pwdw_fusable(pw_x_shape, pw_attrs, dw_w_shape, dw_attrs, e):
+    """Whether a 1x1 convolution (input shape, attrs) and the depthwise one after it (weight shape,
+    attrs, e channels) run as conv_pwdw: the kernel's shapes, and an expanded tensor of at least
+    1 MB, whose trip through memory the fusion saves (smaller ones stay in L2 anyway)."""
+    n, _, h, w = pw_x_shape
+    a, d = pw_attrs, dw_attrs
+    return (a["stride"] == (1, 1) and a["pads"] == (0, 0, 0, 0) and a["dilation"] == (1, 1) and a["groups"] == 1
+            and a.get("wlayout", "oihw") == "oihw" and not a["has_res"] and a["act"] in ("none", "relu", "relu6")
+            and d["groups"] == e and d.get("wlayout", "oihw") == "oihw" and d.get("algo", "auto") in ("auto", "depthwise")
+            and dw_w_shape[2] == dw_w_shape[3] in (3, 5)
+            and d["stride"][0] == d["stride"][1] in (1, 2) and d["dilation"] == (1, 1)
+            and n * e * h * w * 4 >= 1 << 20 and w > 8)
+
+
 # ---------------------------------------------------------------- conv_transpose2d
 def _convt_infer(x, w, *rest, stride, padding, output_padding, dilation, groups, act, has_bias):
     _need_f32("conv_transpose2d", x, w, *rest)
