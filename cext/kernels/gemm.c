@@ -31,8 +31,8 @@
 #endif
 #define NC 4096
 #define ADIR_MAX 24576 /* floats: 96 KB */
-/* floats: the AVX-512 skinny GEMV prefetches each weight row 16 KB ahead into L2 (not L1: that
- * took 1 x 4096 x 4096 from 0.8 to 1.1 of OpenBLAS's speed, the weights streaming from memory) */
+/* floats: the AVX-512 skinny GEMV prefetches its weight stream 16 KB ahead into L2 (into L1, as
+ * the AVX2 one does, 1 x 4096 x 4096 ran at 0.8 of OpenBLAS's speed; into L2 at 1.1) */
 #define SK_PF 4096
 #define ROUND_UP(x, r) (((x) + (r) - 1) / (r) * (r))
 
@@ -571,56 +571,49 @@ static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo,
   const int64_t k = g->k;
   int64_t p = 0;
 #ifdef EX_AVX512
-  if (ni == 1 && g->wdt == EX_F32) { /* GEMV: 4 weight rows side by side, each x vector loaded once */
-    const float *x = ai[0], *w0 = (const float *)g->w + wo[0], *w1 = (const float *)g->w + wo[1],
-                *w2 = (const float *)g->w + wo[2], *w3 = (const float *)g->w + wo[3];
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (p = 0; p + 16 <= k; p += 16) {
-      _mm_prefetch((const char *)(w0 + p + SK_PF), _MM_HINT_T1);
-      _mm_prefetch((const char *)(w1 + p + SK_PF), _MM_HINT_T1);
-      _mm_prefetch((const char *)(w2 + p + SK_PF), _MM_HINT_T1);
-      _mm_prefetch((const char *)(w3 + p + SK_PF), _MM_HINT_T1);
-      const __m512 xv = _mm512_loadu_ps(x + p);
-      s0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w0 + p), s0);
-      s1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w1 + p), s1);
-      s2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w2 + p), s2);
-      s3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w3 + p), s3);
-    }
-    out[0][0] = _mm512_reduce_add_ps(s0);
-    out[0][1] = _mm512_reduce_add_ps(s1);
-    out[0][2] = _mm512_reduce_add_ps(s2);
-    out[0][3] = _mm512_reduce_add_ps(s3);
-    for (; p < k; p++) {
-      out[0][0] += x[p] * w0[p]; out[0][1] += x[p] * w1[p]; out[0][2] += x[p] * w2[p]; out[0][3] += x[p] * w3[p];
+  if (ni == 1 && g->wdt == EX_F32) { /* GEMV: as below, in zmm, prefetched into L2 */
+    const float *x = ai[0];
+    for (int j = 0; j < 4; j++) {
+      const float *w = (const float *)g->w + wo[j];
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      for (p = 0; p + 64 <= k; p += 64) {
+        for (int l = 0; l < 64; l += 16) _mm_prefetch((const char *)(w + p + SK_PF + l), _MM_HINT_T1);
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + p), _mm512_loadu_ps(w + p), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + p + 16), _mm512_loadu_ps(w + p + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + p + 32), _mm512_loadu_ps(w + p + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + p + 48), _mm512_loadu_ps(w + p + 48), s3);
+      }
+      for (; p + 16 <= k; p += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + p), _mm512_loadu_ps(w + p), s0);
+      float t = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+      for (; p < k; p++) t += x[p] * w[p];
+      out[0][j] = t;
     }
     return;
   }
 #endif
 #ifdef EX_AVX2
-  if (ni == 1) { /* one row of A (GEMV): 4 weight rows, two accumulator sets for latency */
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  if (ni == 1) {
+    /* one row of A (GEMV): the 4 weight rows one after another, so that the weights stream from
+     * memory as one run (rows side by side were 4 streams: 1280 x 1000 with cold weights 385 ->
+     * 276 us, 2048 x 1000 567 -> 375 us; the same with warm ones), prefetched 1024 elements
+     * ahead (512: 10-20% slower cold); four accumulators for latency */
     const float *x0 = ai[0];
-    /* the weights stream from memory: each row 512 elements ahead (7-10% faster at 1280 x 1000) */
     const char *wb = g->w;
     const int es = g->wdt == EX_F32 ? 4 : 2;
-    for (; p + 16 <= k; p += 16) {
-      for (int j = 0; j < 4; j++) _mm_prefetch(wb + (wo[j] + p + 512) * es, _MM_HINT_T0);
-      const __m256 x = _mm256_loadu_ps(x0 + p), y = _mm256_loadu_ps(x0 + p + 8);
-      a0 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[0] + p), a0);
-      a1 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[1] + p), a1);
-      a2 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[2] + p), a2);
-      a3 = _mm256_fmadd_ps(x, ld8_w(g->w, g->wdt, wo[3] + p), a3);
-      b0 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[0] + p + 8), b0);
-      b1 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[1] + p + 8), b1);
-      b2 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[2] + p + 8), b2);
-      b3 = _mm256_fmadd_ps(y, ld8_w(g->w, g->wdt, wo[3] + p + 8), b3);
+    for (int j = 0; j < 4; j++) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (p = 0; p + 32 <= k; p += 32) {
+        _mm_prefetch(wb + (wo[j] + p + 1024) * es, _MM_HINT_T0);
+        _mm_prefetch(wb + (wo[j] + p + 1040) * es, _MM_HINT_T0);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + p), ld8_w(g->w, g->wdt, wo[j] + p), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + p + 8), ld8_w(g->w, g->wdt, wo[j] + p + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + p + 16), ld8_w(g->w, g->wdt, wo[j] + p + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x0 + p + 24), ld8_w(g->w, g->wdt, wo[j] + p + 24), a3);
+      }
+      float sj = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (; p < k; p++) sj += x0[p] * ld_w(g->w, g->wdt, wo[j] + p);
+      out[0][j] = sj;
     }
-    out[0][0] = hsum8(_mm256_add_ps(a0, b0));
-    out[0][1] = hsum8(_mm256_add_ps(a1, b1));
-    out[0][2] = hsum8(_mm256_add_ps(a2, b2));
-    out[0][3] = hsum8(_mm256_add_ps(a3, b3));
-    for (; p < k; p++)
-      for (int j = 0; j < 4; j++) out[0][j] += x0[p] * ld_w(g->w, g->wdt, wo[j] + p);
     return;
   }
   __m256 acc[4][4];
