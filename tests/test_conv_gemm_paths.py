@@ -39,16 +39,6 @@ def test_matmul_a_in_place(m, n, k, pad, isa, threads):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("m,n,k", [(17, 40, 64), (45, 100, 96), (128, 33, 200)])
-@pytest.mark.parametrize("act", ["relu", "silu"])
-def test_linear_a_in_place_epilogue(m, n, k, act, isa, threads):
-    x, w, b, r = rnd(m, k), rnd(n, k), rnd(n), rnd(m, n)
-    y = np.empty((m, n), np.float32)
-    assert lib.ex_linear(fp(x), vp(w), lib.EX_F32, fp(b), fp(r), fp(y), m, n, k, ACTS[act]) == 0
-    want = _act_ref(x.astype(np.float64) @ w.T + b + r, act)
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
-
-
 def conv1x1(x, w, act, bias, res, pack):
     """ex_conv2d of a 1x1 (or k x k, 'same' padding) convolution, weights optionally pre-packed."""
     n, c, h, wd = x.shape
