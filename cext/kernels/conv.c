@@ -380,12 +380,13 @@ static void pwdw_task(void *vctx, int64_t u0, int64_t u1) {
     if (N > 0)
       err = apk ? sgemm_run(NULL, apk, C, 1, xb, NULL, EX_F32, H * W, 1, buf, N, E, N, C, &ep)
                 : sgemm_ep(g->w1, C, 1, xb, EX_F32, H * W, 1, buf, N, E, N, C, &ep);
-    if (err) { g->err = err; return; }
+    if (err) { g->err = err; break; }
     dwd_ctx d = {.p = p2, .x = buf, .w = g->w2, .bias = g->b2, .res = g->res ? g->res + b * E * OHW : NULL,
                  .y = g->y + b * E * OHW, .nstrip = 1, .rows = oy1 - oy0, .units = E, .claim = 1,
                  .oyb = oy0, .oye = oy1, .xplane = N, .ia = ia, .ib = ib};
     dwd_fn(p2)(&d, 0, E);
   }
+  sc_give(SC_PWDW, buf); /* frees it only when it was too large to keep */
 }
 
 static int conv_pwdw(const ex_conv_params *p1, const float *w1, const float *b1, const ex_conv_params *p2,
@@ -1165,6 +1166,7 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
     for (int64_t t = 0; t < CK; t++) wt[(o / 16 * CK + t) * 16 + o % 16] = o < p->oc ? w[o * CK + t] : 0.0f;
   cs_ctx g = {p, x, wt, bias, res, y};
   ex_parallel_for(p->n * p->oh, EX_MAX(1, 65536 / EX_MAX(p->ow * p->oc * CK, 1)), fn[p->kw / 2 - 1][p->sh - 1], &g);
+  sc_give(SC_ROW, wt);
   return EX_OK;
 }
 #endif
