@@ -42,8 +42,12 @@
 #define QG_MR 4
 #define QG_MR512 8
 /* software prefetch distance (bytes) for streaming weights at m = 1: a hardware prefetcher alone
- * leaves a single core well short of the DRAM bandwidth */
+ * leaves a single core well short of the DRAM bandwidth (measured on a Zen 5 core).  The VNNI
+ * GEMV prefetches int4 weights QG_PF_L2 ahead into L2, not L1: on a Zen 4 core (32 KB L1) 16 KB
+ * ahead into L1 halved the down projection's rate, into L2 int4 ran 5-10% faster than 8 KB into
+ * L1 (decode at 2 threads 76 -> 85 tokens/s) while int8 ran 0-15% slower */
 #define QG_PF 8192
+#define QG_PF_L2 16384
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct {
@@ -294,15 +298,19 @@ VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
 
 /* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps).
  * Each task reads its row groups as one stream of 64-byte loads (two steps t, t + 1 of 8 rows),
- * prefetched QG_PF ahead.  Vector p of x holds values 8p .. 8p + 3 of the block in its lower 8
- * lanes and 8p + 4 .. 8p + 7 in its upper 8, permuted from the block's 32 bytes in registers: a
- * copy of x expanded to that form in memory (256 bytes a block) outgrew L1 at k = 4864 and
- * took the down projection from 34 to 25 GB/s.  Tried and measured slower on a Zen 5 core
- * (int4, Qwen2.5-0.5B shapes, with x then read from that copy, ~31 GB/s of ~40 the core can
- * read): 8 or 4 row groups side by side (x loaded once for all; 8 prefetched streams, ~20 GB/s),
- * two blocks a step in register accumulators, and adding the halves of two blocks crosswise to
- * halve the float work (both ~28).  Within the noise: the high nibble by one gf2p8affine (GFNI)
- * instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch distance. */
+ * prefetched ahead (int4 QG_PF_L2 into L2, int8 QG_PF).  Vector p of x holds values 8p .. 8p + 3
+ * of the block in its lower 8 lanes and 8p + 4 .. 8p + 7 in its upper 8, permuted from the
+ * block's 32 bytes in registers: a copy of x expanded to that form in memory (256 bytes a block)
+ * outgrew L1 at k = 4864 and took the down projection from 34 to 25 GB/s.  Tried and measured
+ * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, with x then read from that copy, ~31 GB/s of
+ * ~40 the core can read): 8 or 4 row groups side by side (x loaded once for all; 8 prefetched
+ * streams, ~20 GB/s), two blocks a step in register accumulators, and adding the halves of two
+ * blocks crosswise to halve the float work (both ~28).  Within the noise: the high nibble by one gf2p8affine (GFNI)
+ * instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch distance.  On a Zen 4
+ * core, where int4 is bound by this loop's arithmetic (33 - 35 GB/s with the weights in cache):
+ * two row groups a step sharing the x vectors and the float work (43 GB/s in cache, but two
+ * streams: 10% slower from memory), x from in-lane shuffles instead of permutes, prefetching the
+ * scales, all no faster. */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
@@ -315,7 +323,10 @@ VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
     /* two int32 sums per block and two float sums (even, odd blocks): short dependency chains */
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
-      for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
+      if (c->bits == 4)
+        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF_L2 + l, _MM_HINT_T1);
+      else
+        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
       const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(c->xq + b * 32)));
       const __m512i x0 = _mm512_permutexvar_epi32(i0, v), x1 = _mm512_permutexvar_epi32(i1, v),
                     x2 = _mm512_permutexvar_epi32(i2, v), x3 = _mm512_permutexvar_epi32(i3, v);
