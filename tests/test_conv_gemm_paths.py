@@ -25,13 +25,13 @@ def test_matmul_b_in_place(m, n, k, isa, threads):
 
 
 # A read in place (small row-major A; rows not 2 KB apart): row counts across the 14-row panels,
-# depths across one and two K blocks (k > 512), A a view with row stride k + pad (pad 0, and
-# 512 - k: stride 512 floats, which packs A instead)
+# depths across one and two K blocks (k > 512), A a view with row stride k + pad, or k rounded up
+# to a multiple of 512 floats ("2k": rows 2 KB apart, which packs A instead)
 @pytest.mark.parametrize("m,n,k", [(17, 40, 64), (31, 33, 100), (64, 64, 64), (99, 70, 20), (128, 128, 128),
                                    (20, 50, 700), (250, 17, 90)])
 @pytest.mark.parametrize("pad", [0, 5, "2k"])
 def test_matmul_a_in_place(m, n, k, pad, isa, threads):
-    lda = 512 if pad == "2k" and k < 512 else k + (pad if pad != "2k" else 0)
+    lda = -(-k // 512) * 512 if pad == "2k" else k + pad
     a = rnd(m, lda)[:, :k]
     b = rnd(k, n)
     c = np.empty((m, n), np.float32)

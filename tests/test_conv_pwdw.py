@@ -9,6 +9,7 @@ import express as ex
 import express.nn.functional as F
 from express._lib import ffi, lib
 from express.ops.nn import conv_params
+from test_depthwise import ref as dw_ref  # the depthwise reference, float64
 
 RNG = np.random.default_rng(11)
 
@@ -26,25 +27,12 @@ def act_ref(y, act):
 
 
 def ref(x, w1, b1, act1, w2, b2, stride, pads, res, act, out_hw):
-    """The two convolutions by their definition in float64 (zero padding top, left, bottom, right)."""
+    """The two convolutions by their definition in float64: the expansion here, the depthwise one
+    by test_depthwise's reference (zero padding top, left, bottom, right)."""
     e = np.einsum("nchw,oc->nohw", x.astype(np.float64), w1[:, :, 0, 0].astype(np.float64))
     if b1 is not None:
         e += b1[None, :, None, None]
-    e = act_ref(e, act1)
-    k = w2.shape[2]
-    t, l, b, r = pads
-    ep = np.pad(e, ((0, 0), (0, 0), (t, b), (l, r)))
-    oh, ow = out_hw
-    y = np.zeros(e.shape[:2] + (oh, ow))
-    for i in range(k):
-        for j in range(k):
-            win = ep[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            y += win * w2[:, 0, i, j].astype(np.float64)[None, :, None, None]
-    if b2 is not None:
-        y += b2[None, :, None, None]
-    if res is not None:
-        y += res
-    return act_ref(y, act)
+    return dw_ref(act_ref(e, act1), w2, stride, pads, b2, res, act, out_hw)
 
 
 def run(x, w1, b1, act1, w2, b2, stride, pad, res, act, out_hw, pack):

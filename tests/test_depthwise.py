@@ -2,8 +2,8 @@
 variant the CPU has, against a NumPy reference written here: 3x3 and 5x5, stride 1 and 2, padding
 0..2 (and uneven), odd plane sizes and vector tails (rows narrower and wider than a vector),
 batch 2, bias, residual and activations, planes split into row strips over two threads, small
-planes 16 channels at a time; plus the
-nn.functional route with other shapes and its shape errors, and adaptive average pooling."""
+planes 16 channels at a time; plus the nn.functional route with other shapes and its shape errors,
+and adaptive average pooling."""
 import numpy as np
 import pytest
 

@@ -410,8 +410,7 @@ static int conv_pwdw(const ex_conv_params *p1, const float *w1, const float *b1,
     nb = (p2->oh + rows - 1) / rows;
   }
   pd_ctx g = {p1, p2, x, w1, b1, w2, b2, res, y, rows, nb, EX_OK};
-  if (nt == 1) pwdw_task(&g, 0, p2->n * nb);
-  else ex_parallel_for(p2->n * nb, 1, pwdw_task, &g);
+  ex_parallel_for(p2->n * nb, 1, pwdw_task, &g);
   return g.err;
 }
 

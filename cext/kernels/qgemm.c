@@ -305,8 +305,9 @@ VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
  * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, with x then read from that copy, ~31 GB/s of
  * ~40 the core can read): 8 or 4 row groups side by side (x loaded once for all; 8 prefetched
  * streams, ~20 GB/s), two blocks a step in register accumulators, and adding the halves of two
- * blocks crosswise to halve the float work (both ~28).  Within the noise: the high nibble by one gf2p8affine (GFNI)
- * instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch distance.  On a Zen 4
+ * blocks crosswise to halve the float work (both ~28).  Within the noise: the high nibble by one
+ * gf2p8affine (GFNI) instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch
+ * distance.  On a Zen 4
  * core, where int4 is bound by this loop's arithmetic (33 - 35 GB/s with the weights in cache):
  * two row groups a step sharing the x vectors and the float work (43 GB/s in cache, but two
  * streams: 10% slower from memory), x from in-lane shuffles instead of permutes, prefetching the
