@@ -283,6 +283,14 @@ def decode_bytes(folder):
     return wb + kv
 
 
+def export_version(folder):
+    try:
+        with open(os.path.join(folder, "express_llm.json")) as f:
+            return json.load(f).get("version")
+    except OSError:
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", default=os.path.join(os.path.expanduser("~"), ".cache", "express-bench-llm"))
@@ -301,6 +309,7 @@ def main():
         kernel_table(a.threads)
         return
     from llm.export import export
+    from llm.loader import EXPORT_VERSION
     hf = os.path.join(a.workdir, "qwen2.5-0.5b-random")
     t = time.perf_counter()
     make_hf(hf)
@@ -308,7 +317,7 @@ def main():
     rows = []
     for bits, qname in ((4, "Q4_0"), (8, "Q8_0")):
         ours = os.path.join(a.workdir, f"express-int{bits}-g32")
-        if not os.path.isfile(os.path.join(ours, "express_llm.json")):
+        if export_version(ours) != EXPORT_VERSION:  # none yet, or of an older packed layout
             r = export(hf, ours, bits, 32)
             print(f"export int{bits} g32: {r['seconds']:.1f} s, {r['bytes'] / 2**20:.0f} MiB")
         gg = os.path.join(a.workdir, f"model-{qname}.gguf")

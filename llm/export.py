@@ -12,7 +12,7 @@ import numpy as np
 
 from express import ModelError
 
-from .loader import load_hf
+from .loader import EXPORT_VERSION, load_hf
 from .weights import write_safetensors
 
 COPY = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -43,7 +43,7 @@ def export(hf_dir, out_dir, quant_bits=None, group_size=64, lora=None) -> dict:
     for f in COPY:
         if os.path.isfile(os.path.join(hf_dir, f)):
             shutil.copy(os.path.join(hf_dir, f), os.path.join(out_dir, f))
-    meta = {"format": "express-llm", "version": 1, "quant_bits": quant_bits,
+    meta = {"format": "express-llm", "version": EXPORT_VERSION, "quant_bits": quant_bits,
             "group_size": group_size if quant_bits else None, "lora_merged": os.fspath(lora) if lora else None}
     with open(os.path.join(out_dir, "express_llm.json"), "w") as f:
         json.dump(meta, f, indent=1)

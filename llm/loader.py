@@ -112,11 +112,18 @@ def load_hf(folder, quant_bits=None, group_size=64, lora=None):
     return model, embed, read_tokenizer(folder), read_generation_config(folder)
 
 
+# version 2: quantized weights interleaved by 16 rows (version 1: by 8)
+EXPORT_VERSION = 2
+
+
 def load_exported(folder):
     """A folder from `python -m llm export`: weights mmap'ed, linear layers already packed."""
     from express.nn.quantized import QuantizedLinear, replace_linears
     with open(os.path.join(folder, "express_llm.json")) as f:
         meta = json.load(f)
+    if meta.get("quant_bits") and meta.get("version") != EXPORT_VERSION:
+        raise ModelError(f"{folder}: exported in format version {meta.get('version')}, whose packed weights this "
+                         f"Express (version {EXPORT_VERSION}) does not read; export it again")
     cfg = read_config(folder)
     model = CausalLM(cfg)
     w = read_safetensors(os.path.join(folder, "model.safetensors"))

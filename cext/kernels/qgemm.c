@@ -1,14 +1,17 @@
 /* ex_qgemm: y = x @ dequant(W)^T (+ bias) with int8 or int4 group-quantized W (low-memory mode:
  * W stays packed and is expanded only in registers).
  *
- * Packed layout, interleaved by 8 rows (n8 = n rounded up to 8; padding rows are zero):
- *   for each group of 8 rows R and each run of 32 values b along k, one chunk of bytes:
- *     int8: 256 bytes, 8 steps t of [row r][j] = q[8R + r][32b + 4t + j]        (r < 8, j < 4)
- *     int4: 128 bytes, 4 steps t of [row r][j] = (q[..][32b + 4t + j] + 8)
+ * Packed layout, interleaved by 16 rows (n16 = n rounded up to 16; padding rows are zero):
+ *   for each group of 16 rows R and each run of 32 values b along k, one chunk of bytes:
+ *     int8: 512 bytes, 8 steps t of [row r][j] = q[16R + r][32b + 4t + j]       (r < 16, j < 4)
+ *     int4: 256 bytes, 4 steps t of [row r][j] = (q[..][32b + 4t + j] + 8)
  *                                             | (q[..][32b + 16 + 4t + j] + 8) << 4
- *   scales: float16 [n8 / 8][k / group][8]; w = q * scale.
- * A 256-bit load of one step holds 4 consecutive values of 8 rows, so a broadcast of 4 values of
- * x and one maddubs give 8 rows' partial dot products side by side (no horizontal sums).
+ *   scales: float16 [n16 / 16][k / group][16]; w = q * scale.
+ * A 512-bit load of one step holds 4 consecutive values of 16 rows, so one vpdpbusd against 4
+ * values of x broadcast gives 16 rows' partial dot products side by side (no horizontal sums, no
+ * shuffles of x); AVX2 takes each step's two 256-bit halves (rows 0-7, 8-15) as two 8-row groups.
+ * (The layout was 8 rows until the one-row GEMV, arithmetic-bound on a Zen 4 core, needed x as a
+ * plain broadcast: 16 rows run it 1.7x faster with the weights in cache.)
  *
  * x is quantized to int8 per 32 values (scale max|x| / 127, the Q8_0 scheme), each 32-block is
  * an integer dot product, scaled by the weight and activation scales in float.  int4 keeps the
@@ -17,13 +20,11 @@
  * groups and, for each, all rows of x QG_MR at a time (a chunk is expanded once per QG_MR rows,
  * and the group's weights stay in L1 while x passes over them).
  *
- * AVX-512 VNNI: a 512-bit register holds one step of two row groups side by side (16 rows x 4
- * values), so one vpdpbusd against 4 values of x broadcast from memory gives 16 rows' partial
- * sums.  vpdpbusd multiplies unsigned by signed bytes: int4 nibbles are already unsigned; int8
- * weights are made unsigned by flipping their sign bit (q + 128), and both subtract the offset
- * times sum(x) by starting the block's int32 sum at -offset * sum(x).  Each task walks column
- * pairs of groups and, for each, all rows of x QG_MR512 at a time, so the weights of a pair
- * (k / 2 bytes per row for int4) stay in L1 while every row of x passes over them.
+ * AVX-512 VNNI: vpdpbusd multiplies unsigned by signed bytes: int4 nibbles are already unsigned;
+ * int8 weights are made unsigned by flipping their sign bit (q + 128), and both subtract the
+ * offset times sum(x) by starting the block's int32 sum at -offset * sum(x).  Each task walks row
+ * groups and, for each, all rows of x QG_MR512 at a time, so the group's weights (k / 2 bytes per
+ * row for int4) stay in L1 while every row of x passes over them.
  *
  * Its own translation unit: the SIMD code carries target attributes and runs only when the
  * selected ISA allows it (ex_isa: AVX2 for "avx2", VNNI for "avx512" when the CPU has
@@ -39,15 +40,19 @@
 #include <immintrin.h>
 #endif
 
+#define QG_ROWS 16 /* rows a packed group interleaves */
 #define QG_MR 4
 #define QG_MR512 8
-/* software prefetch distance (bytes) for streaming weights at m = 1: a hardware prefetcher alone
- * leaves a single core well short of the DRAM bandwidth (measured on a Zen 5 core).  The VNNI
- * GEMV prefetches int4 weights QG_PF_L2 ahead into L2, not L1: on a Zen 4 core (32 KB L1) 16 KB
- * ahead into L1 halved the down projection's rate, into L2 int4 ran 5-10% faster than 8 KB into
- * L1 (decode at 2 threads 76 -> 85 tokens/s) while int8 ran 0-15% slower */
+/* software prefetch distances (bytes) for streaming weights at m = 1: a hardware prefetcher alone
+ * leaves a single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 paths
+ * prefetch QG_PF ahead into L1).  The VNNI GEMV prefetches int4 weights QG_PF_L2 ahead into L2 and
+ * QG_PF1 into L1: on a Zen 4 core (32 KB L1) 16 KB ahead into L1 halved the down projection's rate,
+ * 16 KB into L2 ran 5-10% faster than 8 KB into L1, and the near L1 prefetch 0-6% faster again
+ * (the lm head, 68 MB, from memory).  int8 there streams 15-19% faster with no software prefetch
+ * than with 8 KB (or 2, 4, 16 KB) into L1 or 16 KB into L2, so it has none. */
 #define QG_PF 8192
 #define QG_PF_L2 16384
+#define QG_PF1 1024
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct {
@@ -82,35 +87,35 @@ static void quantize_rows(const float *x, int64_t nblk, int32_t offset, int8_t *
   }
 }
 
-static inline int64_t chunk_bytes(int bits) { return bits == 8 ? 256 : 128; }
+static inline int64_t chunk_bytes(int bits) { return bits == 8 ? 512 : 256; }
 
-/* rows [8 * g0, 8 * g1) x all m, portable */
+/* rows [16 * g0, 16 * g1) x all m, portable */
 static void rows_generic(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   for (int64_t R = g0; R < g1; R++) {
     for (int64_t i = 0; i < c->m; i++) {
-      float acc[8] = {0};
+      float acc[QG_ROWS] = {0};
       const int8_t *xq = c->xq + i * c->k;
       for (int64_t b = 0; b < nb; b++) {
         const uint8_t *w = c->wq + (R * nb + b) * cb;
-        const uint16_t *s = c->scales + (R * ng + b / per_g) * 8;
-        for (int r = 0; r < 8; r++) {
+        const uint16_t *s = c->scales + (R * ng + b / per_g) * QG_ROWS;
+        for (int r = 0; r < QG_ROWS; r++) {
           int32_t d = 0;
           if (c->bits == 8) {
             for (int t = 0; t < 8; t++)
-              for (int j = 0; j < 4; j++) d += (int32_t)(int8_t)w[t * 32 + r * 4 + j] * xq[b * 32 + 4 * t + j];
+              for (int j = 0; j < 4; j++) d += (int32_t)(int8_t)w[t * 64 + r * 4 + j] * xq[b * 32 + 4 * t + j];
           } else {
             for (int t = 0; t < 4; t++)
               for (int j = 0; j < 4; j++) {
-                const uint8_t v = w[t * 32 + r * 4 + j];
+                const uint8_t v = w[t * 64 + r * 4 + j];
                 d += ((v & 15) - 8) * xq[b * 32 + 4 * t + j] + ((v >> 4) - 8) * xq[b * 32 + 16 + 4 * t + j];
               }
           }
           acc[r] += (float)d * c->xs[i * nb + b] * half_to_f32(s[r]);
         }
       }
-      for (int r = 0; r < 8; r++) {
-        const int64_t row = R * 8 + r;
+      for (int r = 0; r < QG_ROWS; r++) {
+        const int64_t row = R * QG_ROWS + r;
         if (row < c->n) c->y[i * c->n + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f);
       }
     }
@@ -126,78 +131,90 @@ AVX2_FN static inline __m256i bcast4(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
-/* 8 rows of group R against MR rows of x starting at i0 */
-/* y rows R*8 .. R*8+7 of the mr rows of x from i0: the 8 lanes of each accumulator, plus bias */
-AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t R, int64_t i0, int mr) {
+/* y columns 8H .. 8H + 7 of the mr rows of x from i0: the 8 lanes of each accumulator, plus bias */
+AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, int64_t i0, int mr) {
   for (int i = 0; i < mr; i++) {
     float out[8];
     _mm256_storeu_ps(out, acc[i]);
     for (int r = 0; r < 8; r++) {
-      const int64_t row = R * 8 + r;
+      const int64_t row = H * 8 + r;
       if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
     }
   }
 }
 
-AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
+/* nh 8-row halves from H of the packed groups (rows 8H .. 8H + 7 are half H & 1 of each 64-byte
+ * step of group H / 2) against mr rows of x from i0: at m = 1 both halves of a group in one pass
+ * (each cache line is read once), else one half at a time (its QG_MR accumulators stay in
+ * registers) */
+AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc[QG_MR];
-  for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-  const uint8_t *w = c->wq + R * nb * 128;
-  for (int64_t b = 0; b < nb; b++, w += 128) {
-    _mm_prefetch((const char *)(w + QG_PF), _MM_HINT_T0);
-    _mm_prefetch((const char *)(w + QG_PF + 64), _MM_HINT_T0);
-    const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 32)),
-                  r2 = _mm256_loadu_si256((const __m256i *)(w + 64)), r3 = _mm256_loadu_si256((const __m256i *)(w + 96));
-    const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
-                  l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
-    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask), h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
-                  h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask), h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
-    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->scales + (R * ng + b / per_g) * 8)));
-#pragma GCC unroll 4
-    for (int i = 0; i < mr; i++) {
-      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
-      __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l1, bcast4(x + 4)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l2, bcast4(x + 8)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l3, bcast4(x + 12)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h0, bcast4(x + 16)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h1, bcast4(x + 20)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
-      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
-      const int64_t xb = (i0 + i) * nb + b;
-      const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(c->xc[xb])));
-      acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
+  __m256 acc[2 * QG_MR];
+  for (int i = 0; i < 2 * QG_MR; i++) acc[i] = _mm256_setzero_ps();
+  const uint8_t *wg = c->wq + (H / 2) * nb * 256;
+  const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
+  for (int64_t b = 0; b < nb; b++, wg += 256) {
+    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
+    for (int64_t h = H & 1; h < (H & 1) + nh; h++) {
+      const uint8_t *w = wg + h * 32;
+      const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 64)),
+                    r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
+      const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
+                    l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
+      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask), h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
+                    h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask), h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
+      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + h * 8)));
+      __m256 *ah = acc + (h - (H & 1)) * QG_MR;
+  #pragma GCC unroll 4
+      for (int i = 0; i < mr; i++) {
+        const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+        __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l1, bcast4(x + 4)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l2, bcast4(x + 8)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l3, bcast4(x + 12)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h0, bcast4(x + 16)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h1, bcast4(x + 20)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
+        const int64_t xb = (i0 + i) * nb + b;
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(c->xc[xb])));
+        ah[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), ah[i]);
+      }
     }
   }
-  store_rows(c, acc, R, i0, mr);
+  for (int h = 0; h < nh; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
 }
 
-AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t R, int64_t i0, int mr) {
+AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[QG_MR];
-  for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-  const uint8_t *w = c->wq + R * nb * 256;
-  for (int64_t b = 0; b < nb; b++, w += 256) {
-    __m256i wv[8], wa[8];
-    for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(w + QG_PF + l), _MM_HINT_T0);
-    for (int t = 0; t < 8; t++) {
-      wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 32));
-      wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
-    }
-    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c->scales + (R * ng + b / per_g) * 8)));
-    for (int i = 0; i < mr; i++) {
-      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
-      __m256i s = _mm256_setzero_si256();
-      for (int t = 0; t < 8; t++)
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
-      const int64_t xb = (i0 + i) * nb + b;
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
+  __m256 acc[2 * QG_MR];
+  for (int i = 0; i < 2 * QG_MR; i++) acc[i] = _mm256_setzero_ps();
+  const uint8_t *wg = c->wq + (H / 2) * nb * 512;
+  const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
+  for (int64_t b = 0; b < nb; b++, wg += 512) {
+    for (int l = 0; l < 512; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
+    for (int64_t h = H & 1; h < (H & 1) + nh; h++) {
+      const uint8_t *w = wg + h * 32;
+      __m256i wv[8], wa[8];
+      for (int t = 0; t < 8; t++) {
+        wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 64));
+        wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
+      }
+      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + h * 8)));
+      __m256 *ah = acc + (h - (H & 1)) * QG_MR;
+      for (int i = 0; i < mr; i++) {
+        const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+        __m256i s = _mm256_setzero_si256();
+        for (int t = 0; t < 8; t++)
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
+        const int64_t xb = (i0 + i) * nb + b;
+        ah[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), ah[i]);
+      }
     }
   }
-  store_rows(c, acc, R, i0, mr);
+  for (int h = 0; h < nh; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -219,38 +236,28 @@ VNNI_FN static void quantize_rows_avx512(const float *x, int64_t nblk, int32_t o
   }
 }
 
-/* one step t of row groups R0 | R1 in the two halves of a register */
-VNNI_FN static inline __m512i load_pair(const uint8_t *w0, const uint8_t *w1) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w0)),
-                            _mm256_loadu_si256((const __m256i *)w1), 1);
-}
-
-/* y columns 8 * R .. 8 * R + 15 (row groups R and R + 1; when R is the last group its copy fills
- * the upper half and is not stored) for MR rows of x from i0.  BITS and MR are constants at
- * every call, so the accumulators live in registers. */
-VNNI_FN __attribute__((always_inline)) static inline void pair_vnni(const qg_ctx *c, int64_t R, int64_t i0,
-                                                                    const int BITS, const int MR) {
-  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 256 : 128;
-  const int64_t R1 = R + 1 < (c->n + 7) / 8 ? R + 1 : R;
-  const uint8_t *w0 = c->wq + R * nb * cb, *w1 = c->wq + R1 * nb * cb;
-  const uint16_t *s0 = c->scales + R * ng * 8, *s1 = c->scales + R1 * ng * 8;
+/* y columns 16R .. 16R + 15 for MR rows of x from i0.  BITS and MR are constants at every call,
+ * so the accumulators live in registers. */
+VNNI_FN __attribute__((always_inline)) static inline void group_vnni(const qg_ctx *c, int64_t R, int64_t i0,
+                                                                     const int BITS, const int MR) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
+  const uint8_t *wp = c->wq + R * nb * cb;
+  const uint16_t *s = c->scales + R * ng * QG_ROWS;
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
   __m512 acc[MR];
   for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++, w0 += cb, w1 += cb) {
+  for (int64_t b = 0; b < nb; b++, wp += cb) {
     __m512i w[8]; /* w[t] pairs with x values 4t .. 4t + 3 of the block */
     if (BITS == 4) {
       for (int t = 0; t < 4; t++) {
-        const __m512i r = load_pair(w0 + 32 * t, w1 + 32 * t);
+        const __m512i r = _mm512_loadu_si512(wp + 64 * t);
         w[t] = _mm512_and_si512(r, m4);
         w[4 + t] = _mm512_and_si512(_mm512_srli_epi16(r, 4), m4);
       }
     } else {
-      for (int t = 0; t < 8; t++) w[t] = _mm512_xor_si512(load_pair(w0 + 32 * t, w1 + 32 * t), flip);
+      for (int t = 0; t < 8; t++) w[t] = _mm512_xor_si512(_mm512_loadu_si512(wp + 64 * t), flip);
     }
-    const int64_t sg = (b / per_g) * 8;
-    const __m512 sw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(s0 + sg))), _mm_loadu_si128((const __m128i *)(s1 + sg)), 1));
+    const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + (b / per_g) * QG_ROWS)));
     for (int i = 0; i < MR; i++) {
       const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
       const int64_t xb = (i0 + i) * nb + b;
@@ -263,97 +270,90 @@ VNNI_FN __attribute__((always_inline)) static inline void pair_vnni(const qg_ctx
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[xb])), acc[i]);
     }
   }
-  const int64_t cols = QG_MIN(c->n - R * 8, R1 > R ? 16 : 8);
-  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
-  const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(mask, c->bias + R * 8) : _mm512_setzero_ps();
-  for (int i = 0; i < MR; i++) _mm512_mask_storeu_ps(c->y + (i0 + i) * c->n + R * 8, mask, _mm512_add_ps(acc[i], bias));
+  const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
+  const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS) : _mm512_setzero_ps();
+  for (int i = 0; i < MR; i++)
+    _mm512_mask_storeu_ps(c->y + (i0 + i) * c->n + R * QG_ROWS, mask, _mm512_add_ps(acc[i], bias));
 }
 
-#define QG_PAIR_CASES(BITS)                                            \
+#define QG_GROUP_CASES(BITS)                                           \
   switch (mr) {                                                        \
-    case 1: pair_vnni(c, R, i0, BITS, 1); break;                       \
-    case 2: pair_vnni(c, R, i0, BITS, 2); break;                       \
-    case 3: pair_vnni(c, R, i0, BITS, 3); break;                       \
-    case 4: pair_vnni(c, R, i0, BITS, 4); break;                       \
-    case 5: pair_vnni(c, R, i0, BITS, 5); break;                       \
-    case 6: pair_vnni(c, R, i0, BITS, 6); break;                       \
-    case 7: pair_vnni(c, R, i0, BITS, 7); break;                       \
-    default: pair_vnni(c, R, i0, BITS, QG_MR512); break;               \
+    case 1: group_vnni(c, R, i0, BITS, 1); break;                      \
+    case 2: group_vnni(c, R, i0, BITS, 2); break;                      \
+    case 3: group_vnni(c, R, i0, BITS, 3); break;                      \
+    case 4: group_vnni(c, R, i0, BITS, 4); break;                      \
+    case 5: group_vnni(c, R, i0, BITS, 5); break;                      \
+    case 6: group_vnni(c, R, i0, BITS, 6); break;                      \
+    case 7: group_vnni(c, R, i0, BITS, 7); break;                      \
+    default: group_vnni(c, R, i0, BITS, QG_MR512); break;              \
   }
 
-/* column pairs [p0, p1) (groups 2p, 2p + 1), every row of x */
-VNNI_FN static void pairs_vnni(const qg_ctx *c, int64_t p0, int64_t p1) {
-  for (int64_t p = p0; p < p1; p++) {
-    const int64_t R = 2 * p;
+/* row groups [g0, g1), every row of x */
+VNNI_FN static void groups_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
+  for (int64_t R = g0; R < g1; R++) {
     for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR512) {
       const int mr = (int)QG_MIN(QG_MR512, c->m - i0);
       if (c->bits == 4) {
-        QG_PAIR_CASES(4)
+        QG_GROUP_CASES(4)
       } else {
-        QG_PAIR_CASES(8)
+        QG_GROUP_CASES(8)
       }
     }
   }
 }
 
-/* row groups [g0, g1), m = 1; lanes r and 8 + r both sum row r (the block's even and odd steps).
- * Each task reads its row groups as one stream of 64-byte loads (two steps t, t + 1 of 8 rows),
- * prefetched ahead (int4 QG_PF_L2 into L2, int8 QG_PF).  Vector p of x holds values 8p .. 8p + 3
- * of the block in its lower 8 lanes and 8p + 4 .. 8p + 7 in its upper 8, permuted from the
- * block's 32 bytes in registers: a copy of x expanded to that form in memory (256 bytes a block)
- * outgrew L1 at k = 4864 and took the down projection from 34 to 25 GB/s.  Tried and measured
- * slower on a Zen 5 core (int4, Qwen2.5-0.5B shapes, with x then read from that copy, ~31 GB/s of
- * ~40 the core can read): 8 or 4 row groups side by side (x loaded once for all; 8 prefetched
- * streams, ~20 GB/s), two blocks a step in register accumulators, and adding the halves of two
- * blocks crosswise to halve the float work (both ~28).  Within the noise: the high nibble by one
- * gf2p8affine (GFNI) instead of a shift and a mask, non-temporal prefetches, a 16 KB prefetch
- * distance.  On a Zen 4
- * core, where int4 is bound by this loop's arithmetic (33 - 35 GB/s with the weights in cache):
- * two row groups a step sharing the x vectors and the float work (43 GB/s in cache, but two
- * streams: 10% slower from memory), x from in-lane shuffles instead of permutes, prefetching the
- * scales, all no faster. */
+/* row groups [g0, g1), m = 1.  Each task reads its row groups as one stream of 64-byte steps
+ * (4 values of 16 rows), prefetched ahead (QG_PF_L2 into L2, then QG_PF1 into L1), each against 4
+ * values of x broadcast from memory.  Tried on a Zen 5 core with the 8-row layout (int4,
+ * Qwen2.5-0.5B shapes), slower: 8 or 4 row groups side by side (8 prefetched streams), two blocks a
+ * step in register accumulators, adding the halves of two blocks crosswise; within the noise: the
+ * high nibble by one gf2p8affine (GFNI) instead of a shift and a mask, non-temporal prefetches.
+ * On a Zen 4 core the 8-row form (x permuted into two steps per register) was bound by its
+ * arithmetic, 33 - 35 GB/s in cache; this form runs 1.7x faster there. */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-  const __m512i lo = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i i0 = lo, i1 = _mm512_add_epi32(lo, _mm512_set1_epi32(2)), i2 = _mm512_add_epi32(lo, _mm512_set1_epi32(4)),
-                i3 = _mm512_add_epi32(lo, _mm512_set1_epi32(6));
+  const int32_t *x4 = (const int32_t *)c->xq; /* 4 values of x a lane (xq is malloc'ed: aligned) */
   for (int64_t R = g0; R < g1; R++) {
     const uint8_t *w = c->wq + R * nb * cb;
-    const uint16_t *s = c->scales + R * ng * 8;
+    const uint16_t *s = c->scales + R * ng * QG_ROWS;
     /* two int32 sums per block and two float sums (even, odd blocks): short dependency chains */
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
       if (c->bits == 4)
-        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF_L2 + l, _MM_HINT_T1);
-      else
-        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w + QG_PF + l, _MM_HINT_T0);
-      const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(c->xq + b * 32)));
-      const __m512i x0 = _mm512_permutexvar_epi32(i0, v), x1 = _mm512_permutexvar_epi32(i1, v),
-                    x2 = _mm512_permutexvar_epi32(i2, v), x3 = _mm512_permutexvar_epi32(i3, v);
-      __m512i d0 = _mm512_maskz_set1_epi32(0x00ff, -c->xc[b]), d1 = _mm512_setzero_si512();
+        for (int l = 0; l < cb; l += 64) {
+          _mm_prefetch((const char *)w + QG_PF_L2 + l, _MM_HINT_T1);
+          _mm_prefetch((const char *)w + QG_PF1 + l, _MM_HINT_T0);
+        }
+      const int32_t *x = x4 + b * 8;
+      __m512i d0 = _mm512_set1_epi32(-c->xc[b]), d1 = _mm512_setzero_si512();
       if (c->bits == 4) {
-        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), x0);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), x1);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), x2);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), x3);
+        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64), r2 = _mm512_loadu_si512(w + 128),
+                      r3 = _mm512_loadu_si512(w + 192);
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), _mm512_set1_epi32(x[0]));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), _mm512_set1_epi32(x[1]));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r2, m4), _mm512_set1_epi32(x[2]));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r3, m4), _mm512_set1_epi32(x[3]));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_set1_epi32(x[4]));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), _mm512_set1_epi32(x[5]));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r2, 4), m4), _mm512_set1_epi32(x[6]));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r3, 4), m4), _mm512_set1_epi32(x[7]));
       } else {
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w), flip), x0);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip), x1);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 128), flip), x2);
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 192), flip), x3);
+        for (int t = 0; t < 8; t += 2) {
+          d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t), flip), _mm512_set1_epi32(x[t]));
+          d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t + 64), flip),
+                                   _mm512_set1_epi32(x[t + 1]));
+        }
       }
-      const __m512 sw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)s)));
-      acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])), acc[b & 1]);
-      if (++j == per_g) j = 0, s += 8; /* the next scale group */
+      const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+      acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])),
+                                   acc[b & 1]);
+      if (++j == per_g) j = 0, s += QG_ROWS; /* the next scale group */
     }
-    acc[0] = _mm512_add_ps(acc[0], acc[1]);
-    __m256 y = _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm512_extractf32x8_ps(acc[0], 1));
-    const int64_t cols = QG_MIN(c->n - R * 8, 8);
-    const __mmask8 mask = (__mmask8)((1u << cols) - 1);
-    if (c->bias) y = _mm256_add_ps(y, _mm256_maskz_loadu_ps(mask, c->bias + R * 8));
-    _mm256_mask_storeu_ps(c->y + R * 8, mask, y);
+    const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
+    __m512 y = _mm512_add_ps(acc[0], acc[1]);
+    if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS));
+    _mm512_mask_storeu_ps(c->y + R * QG_ROWS, mask, y);
   }
 }
 #endif
@@ -365,18 +365,22 @@ static void task(void *ctx, int64_t g0, int64_t g1) {
     if (c->m == 1)
       gemv_vnni(c, g0, g1);
     else
-      pairs_vnni(c, g0, g1);
+      groups_vnni(c, g0, g1);
     return;
   }
   if (c->path == QG_AVX2) {
-    /* every block of QG_MR rows of x against one row group while its weights are in L1 */
+    /* every block of QG_MR rows of x against each 8-row half of a group while its weights are in
+     * L1; at m = 1 both halves at once */
+    const int nh = c->m == 1 ? 2 : 1;
     for (int64_t R = g0; R < g1; R++) {
       for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR) {
         const int mr = (int)QG_MIN(QG_MR, c->m - i0);
-        if (c->bits == 4)
-          block_avx2_q4(c, R, i0, mr);
-        else
-          block_avx2_q8(c, R, i0, mr);
+        for (int64_t H = 2 * R; H < 2 * R + 2; H += nh) {
+          if (c->bits == 4)
+            block_avx2_q4(c, H, nh, i0, mr);
+          else
+            block_avx2_q8(c, H, nh, i0, mr);
+        }
       }
     }
     return;
@@ -418,11 +422,8 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 #endif
     quantize_rows(x, nblk, offset, xq, xs, xc);
   qg_ctx c = {bits, m, n, k, group, xq, xs, xc, wq, scales, bias, y, path};
-  const int64_t groups = (n + 7) / 8;
-  if (path == QG_VNNI && m > 1)
-    ex_parallel_for((groups + 1) / 2, m >= QG_MR512 ? 1 : 8, task, &c);
-  else
-    ex_parallel_for(groups, m == 1 ? 16 : 4, task, &c);
+  const int64_t groups = (n + QG_ROWS - 1) / QG_ROWS;
+  ex_parallel_for(groups, m == 1 ? 8 : path != QG_VNNI ? 2 : m >= QG_MR512 ? 1 : 8, task, &c);
   free(xq), free(xs), free(xc);
   return EX_OK;
 }

@@ -1,6 +1,6 @@
 """Group-quantized weights (int8 / int4, symmetric, one float16 scale per `group_size` values along
 the input axis) and `qlinear`: `x @ dequantize(W).T + bias` with W kept packed, expanded inside
-the C kernel (ex_qgemm), which reads them interleaved by 8 rows (see cext/kernels/qgemm.c for
+the C kernel (ex_qgemm), which reads them interleaved by 16 rows (see cext/kernels/qgemm.c for
 the byte layout that `quantize_weight` writes). Activations are rounded to int8 per 32 values
 inside the kernel (as llama.cpp's Q8_0), so results match the dequantized reference to about
 1e-2 of their scale."""
@@ -16,17 +16,19 @@ from .elementwise import astype
 from .registry import defop
 from .shape import reshape
 
+ROWS = 16  # rows a packed group interleaves (QG_ROWS in qgemm.c)
+
 
 def quantize_weight(w, bits: int = 4, group_size: int = 64):
-    """(out, in) float weights -> (qweight, scales), packed for ex_qgemm (rows interleaved by 8,
-    padded with zero rows to a multiple of 8): qweight int8 (out8 / 8, in / 32, 256) or uint8
-    (out8 / 8, in / 32, 128), scales float16 (out8 / 8, in / group_size, 8). Symmetric:
+    """(out, in) float weights -> (qweight, scales), packed for ex_qgemm (rows interleaved by 16,
+    padded with zero rows to a multiple of 16): qweight int8 (out16 / 16, in / 32, 512) or uint8
+    (out16 / 16, in / 32, 256), scales float16 (out16 / 16, in / group_size, 16). Symmetric:
     w ~= q * scale with q in [-127, 127] or [-8, 7].
 
     >>> import numpy as np
     >>> q, s = quantize_weight(np.ones((2, 64), np.float32), bits=8, group_size=32)
     >>> q.dtype, q.shape, s.shape
-    (dtype('int8'), (1, 2, 256), (1, 2, 8))
+    (dtype('int8'), (1, 2, 512), (1, 2, 16))
     """
     w = np.asarray(w, np.float32)
     if bits not in (4, 8):
@@ -48,35 +50,35 @@ def pack_weight(q, scales, bits: int, group_size: int):
     the packed layout of `quantize_weight` (for weights quantized elsewhere, e.g. GGUF blocks)."""
     q, scale = np.asarray(q, np.int8), np.asarray(scales, np.float32)
     n, k = q.shape
-    n8 = -(-n // 8) * 8
-    if n8 != n:
-        q = np.concatenate([q, np.zeros((n8 - n, k), np.int8)])
-        scale = np.concatenate([scale, np.zeros((n8 - n, scale.shape[1]), np.float32)])
-    q = q.reshape(n8 // 8, 8, k // 32, 32)
-    scales = np.ascontiguousarray(scale.reshape(n8 // 8, 8, k // group_size).transpose(0, 2, 1)).astype(np.float16)
-    if bits == 8:  # [R][b][t][r][j] = q[8R + r][32b + 4t + j]
-        return np.ascontiguousarray(q.reshape(n8 // 8, 8, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)).reshape(
-            n8 // 8, k // 32, 256), scales
-    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(n8 // 8, 8, k // 32, 2, 4, 4)  # [R][r][b][half][t][j]
-    packed = u[:, :, :, 0] | (u[:, :, :, 1] << 4)                                    # [R][r][b][t][j]
-    return np.ascontiguousarray(packed.transpose(0, 2, 3, 1, 4)).reshape(n8 // 8, k // 32, 128), scales
+    G = -(-n // ROWS)
+    if G * ROWS != n:
+        q = np.concatenate([q, np.zeros((G * ROWS - n, k), np.int8)])
+        scale = np.concatenate([scale, np.zeros((G * ROWS - n, scale.shape[1]), np.float32)])
+    q = q.reshape(G, ROWS, k // 32, 32)
+    scales = np.ascontiguousarray(scale.reshape(G, ROWS, k // group_size).transpose(0, 2, 1)).astype(np.float16)
+    if bits == 8:  # [R][b][t][r][j] = q[16R + r][32b + 4t + j]
+        return np.ascontiguousarray(q.reshape(G, ROWS, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)).reshape(
+            G, k // 32, 32 * ROWS), scales
+    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(G, ROWS, k // 32, 2, 4, 4)  # [R][r][b][half][t][j]
+    packed = u[:, :, :, 0] | (u[:, :, :, 1] << 4)                                 # [R][r][b][t][j]
+    return np.ascontiguousarray(packed.transpose(0, 2, 3, 1, 4)).reshape(G, k // 32, 16 * ROWS), scales
 
 
 def unpack(qweight, bits: int) -> np.ndarray:
-    """The int8 values (out8, in) of a packed weight."""
+    """The int8 values (out16, in) of a packed weight."""
     q = np.asarray(qweight)
     G, nb = q.shape[:2]
     if bits == 8:  # [R][b][t][r][j] -> [R][r][b][t][j]
-        return q.view(np.int8).reshape(G, nb, 8, 8, 4).transpose(0, 3, 1, 2, 4).reshape(G * 8, nb * 32)
-    b = q.reshape(G, nb, 4, 8, 4).transpose(0, 3, 1, 2, 4)  # [R][r][b][t][j]
+        return q.view(np.int8).reshape(G, nb, 8, ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(G * ROWS, nb * 32)
+    b = q.reshape(G, nb, 4, ROWS, 4).transpose(0, 3, 1, 2, 4)  # [R][r][b][t][j]
     lo, hi = (b & 15).astype(np.int8) - 8, (b >> 4).astype(np.int8) - 8
-    return np.stack([lo, hi], axis=3).reshape(G * 8, nb * 32)
+    return np.stack([lo, hi], axis=3).reshape(G * ROWS, nb * 32)
 
 
 def dequantize_weight(qweight, scales, bits: int, group_size: int, out_features: int | None = None) -> np.ndarray:
     """The float32 weight (out, in) a (qweight, scales) pair stands for."""
     s = np.asarray(scales, np.float32)
-    s = s.transpose(0, 2, 1).reshape(-1, s.shape[1])  # (out8, in / group)
+    s = s.transpose(0, 2, 1).reshape(-1, s.shape[1])  # (out16, in / group)
     q = unpack(qweight, bits).astype(np.float32)
     w = (q.reshape(s.shape[0], -1, group_size) * s[..., None]).reshape(q.shape)
     return w if out_features is None else w[:out_features]
@@ -86,22 +88,22 @@ def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.nda
     """Rows `rows` of the dequantized weight (an embedding lookup from a quantized table)."""
     rows = np.asarray(rows, np.int64)
     q, s = np.asarray(qweight), np.asarray(scales)
-    groups = np.unique(rows // 8)
+    groups = np.unique(rows // ROWS)
     w = dequantize_weight(q[groups], s[groups], bits, group_size)  # only the row groups needed
     where = {g: i for i, g in enumerate(groups)}
-    return w[[where[r // 8] * 8 + r % 8 for r in rows]]
+    return w[[where[r // ROWS] * ROWS + r % ROWS for r in rows]]
 
 
 def _qlinear_infer(x, qweight, scales, *bias, bits, group_size, n):
     k = scales.shape[1] * group_size if scales.ndim == 3 else -1
     G = scales.shape[0] if scales.ndim == 3 else -1
-    want = (G, k // 32, 256 if bits == 8 else 128)
+    want = (G, k // 32, (32 if bits == 8 else 16) * ROWS)
     if x.dtype is not dt.float32 or scales.dtype is not dt.float16:
         raise DTypeError(f"qlinear: x must be float32 and scales float16, got {x.dtype.name} and {scales.dtype.name}")
     if qweight.dtype is not (dt.int8 if bits == 8 else dt.uint8):
         raise DTypeError(f"qlinear: {bits}-bit weights must be {'int8' if bits == 8 else 'uint8'}, "
                          f"got {qweight.dtype.name}")
-    if qweight.shape != want or scales.shape[2:] != (8,) or x.shape[-1:] != (k,) or x.ndim != 2 or not 0 < n <= 8 * G:
+    if qweight.shape != want or scales.shape[2:] != (ROWS,) or x.shape[-1:] != (k,) or x.ndim != 2 or not 0 < n <= ROWS * G:
         raise ShapeError(f"qlinear: input {x.shape}, weight {qweight.shape} and scales {scales.shape} "
                          f"(group {group_size}, {bits}-bit) do not match")
     if bias and bias[0].shape != (n,):
@@ -142,7 +144,7 @@ def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_fe
     lead = x.shape[:-1]
     x2 = reshape(x, (-1, x.shape[-1])) if x.ndim != 2 else x
     ins = [x2, as_tensor(qweight), as_tensor(scales)] + ([as_tensor(bias)] if bias is not None else [])
-    n = int(out_features) if out_features is not None else 8 * ins[2].shape[0]
+    n = int(out_features) if out_features is not None else ROWS * ins[2].shape[0]
     y = node(_QLINEAR, ins, bits=int(bits), group_size=int(group_size), n=n)
     return reshape(y, lead + (y.shape[-1],)) if x.ndim != 2 else y
 

@@ -18,7 +18,7 @@ from conftest import FAMILIES
 from test_llm import IDS, ref_logits
 
 # ---- the op against its NumPy reference ----
-# n: an odd number of 8-row groups with a partial last one, and an even number of full ones;
+# n: 16-row groups with a partial last one (AVX2 also an empty last half), and only full ones;
 # m: one row, and partial and several full blocks of rows (the kernels take rows 4 or 8 at a time)
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -51,13 +51,13 @@ def test_quantize_weight_roundtrip_and_error_bounds():
     for bits, qmax in ((8, 127), (4, 7)):
         q, s = quantize_weight(w, bits, 32)
         d = dequantize_weight(q, s, bits, 32, 8)
-        s2 = s.astype(np.float32).transpose(0, 2, 1).reshape(8, 4)
+        s2 = s.astype(np.float32).transpose(0, 2, 1).reshape(16, 4)[:8]  # 8 rows padded to 16
         step = np.repeat(s2, 32, axis=1)
         assert np.all(np.abs(d - w) <= step / 2 + 1e-6)  # round to nearest within the group's step
         np.testing.assert_allclose(s2, np.abs(w).reshape(8, 4, 32).max(-1) / qmax, rtol=1e-3)  # float16
-    # odd row counts pad to a multiple of 8; embedding rows come back by index
+    # odd row counts pad to a multiple of 16; embedding rows come back by index
     q, s = quantize_weight(w[:5], 4, 32)
-    assert q.shape == (1, 4, 128)
+    assert q.shape == (1, 4, 256) and s.shape == (1, 4, 16)
     from express.ops.quant import dequantize_rows
     np.testing.assert_array_equal(dequantize_rows(q, s, 4, 32, [4, 0, 4]), dequantize_weight(q, s, 4, 32, 5)[[4, 0, 4]])
 
@@ -69,7 +69,7 @@ def test_qlinear_bad_input():
     with pytest.raises(ex.DTypeError, match="qlinear"):
         qlinear(ex.ones((2, 64)), q.view(np.int8), s, bits=4, group_size=32)
     with pytest.raises(ex.ShapeError, match="qlinear"):
-        qlinear(ex.ones((2, 64)), q, s, bits=4, group_size=32, out_features=9)
+        qlinear(ex.ones((2, 64)), q, s, bits=4, group_size=32, out_features=17)  # 4 rows pad to 16
     with pytest.raises(ex.ShapeError, match="group"):
         quantize_weight(np.ones((4, 48), np.float32), 4, 32)
 
@@ -135,6 +135,10 @@ def test_export_roundtrip_and_cli(tiny, tmp_path, capsys):
     assert exported.generate("Hello", max_new_tokens=5) == fly.generate("Hello", max_new_tokens=5)
     with pytest.raises(ex.ModelError, match="quant_bits"):
         llm.load(out, quant_bits=8)
+    # a quantized export of another packed layout is refused, not misread
+    (out / "express_llm.json").write_text(json.dumps(dict(meta, version=1)))
+    with pytest.raises(ex.ModelError, match="version 1.*export it again"):
+        llm.load(out)
     # unquantized export (float weights) and untied head
     folder3, ref3 = tiny("qwen3")
     assert main(["export", folder3, str(tmp_path / "f")]) == 0
