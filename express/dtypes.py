@@ -6,18 +6,31 @@ int8 with uint8 gives int32 here (no int16), float16 with bfloat16 gives float32
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from .errors import DTypeError
 
 
-class DType:
-    __slots__ = ("name", "code", "np", "itemsize", "kind")
+def np_dtype(name: str) -> np.dtype:
+    """The NumPy dtype called `name`; "bfloat16" is ml_dtypes', imported on first use (the package
+    takes most of a second to import, three quarters of `import express` when it came first)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
-    def __init__(self, name: str, code: int, npdtype, kind: str):
-        self.name, self.code, self.np, self.kind = name, code, np.dtype(npdtype), kind
-        self.itemsize = self.np.itemsize
+
+class DType:
+    __slots__ = ("name", "code", "_np", "itemsize", "kind")
+
+    def __init__(self, name: str, code: int, itemsize: int, kind: str):
+        self.name, self.code, self.itemsize, self.kind, self._np = name, code, itemsize, kind, None
+
+    @property
+    def np(self) -> np.dtype:
+        if self._np is None:
+            self._np = np_dtype(self.name)
+        return self._np
 
     is_float = property(lambda self: self.kind == "f")
     is_int = property(lambda self: self.kind in "iu")
@@ -31,20 +44,19 @@ class DType:
 
 
 # codes match `enum ex_dtype` in cext/express.h
-float32 = DType("float32", 0, np.float32, "f")
-float16 = DType("float16", 1, np.float16, "f")
-bfloat16 = DType("bfloat16", 2, ml_dtypes.bfloat16, "f")
-int8 = DType("int8", 3, np.int8, "i")
-uint8 = DType("uint8", 4, np.uint8, "u")
-int32 = DType("int32", 5, np.int32, "i")
-int64 = DType("int64", 6, np.int64, "i")
-bool_ = DType("bool", 7, np.bool_, "b")
+float32 = DType("float32", 0, 4, "f")
+float16 = DType("float16", 1, 2, "f")
+bfloat16 = DType("bfloat16", 2, 2, "f")
+int8 = DType("int8", 3, 1, "i")
+uint8 = DType("uint8", 4, 1, "u")
+int32 = DType("int32", 5, 4, "i")
+int64 = DType("int64", 6, 8, "i")
+bool_ = DType("bool", 7, 1, "b")
 
 ALL = (float32, float16, bfloat16, int8, uint8, int32, int64, bool_)
 FLOATS = (float32, float16, bfloat16)
 INTS = (int8, uint8, int32, int64)
 _BY_NAME = {d.name: d for d in ALL}
-_BY_NP = {d.np: d for d in ALL}
 # NumPy types we accept on the way in and narrow, as MNN does: there is no float64 kernel path
 _NARROWED = {np.dtype(np.float64): float32, np.dtype(np.int16): int32, np.dtype(np.uint16): int32,
              np.dtype(np.uint32): int64}
@@ -52,6 +64,12 @@ _NARROWED = {np.dtype(np.float64): float32, np.dtype(np.int16): int32, np.dtype(
 
 def _by_name(name):
     return _BY_NAME[name]
+
+
+def _ours(npd: np.dtype) -> bool:
+    """Whether NumPy dtype `npd` is one of ours (matched by name, so that a bfloat16 array, which
+    only exists once ml_dtypes is imported, is recognized without importing it here)."""
+    return npd.name in _BY_NAME and npd.isnative and npd.itemsize == _BY_NAME[npd.name].itemsize
 
 
 def as_dtype(x) -> DType:
@@ -70,16 +88,16 @@ def as_dtype(x) -> DType:
         npd = np.dtype(x)
     except TypeError:
         raise DTypeError(f"unknown dtype {x!r}; Express supports {', '.join(_BY_NAME)}") from None
-    if npd in _BY_NP:
-        return _BY_NP[npd]
+    if _ours(npd):
+        return _BY_NAME[npd.name]
     raise DTypeError(f"dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")
 
 
 def from_numpy(npd) -> DType:
     """The dtype an incoming NumPy array is stored as (float64 narrows to float32)."""
     npd = np.dtype(npd)
-    if npd in _BY_NP:
-        return _BY_NP[npd]
+    if _ours(npd):
+        return _BY_NAME[npd.name]
     if npd in _NARROWED:
         return _NARROWED[npd]
     raise DTypeError(f"NumPy dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")

@@ -24,7 +24,6 @@ import os
 import struct
 from dataclasses import replace
 
-import ml_dtypes
 import numpy as np
 
 from . import dtypes as dt
@@ -32,10 +31,10 @@ from .errors import ModelError
 
 MAGIC = "express.exm"
 VERSION = 1
-_ST = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(ml_dtypes.bfloat16): "BF16",
-       np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.int32): "I32", np.dtype(np.int64): "I64",
-       np.dtype(np.bool_): "BOOL", np.dtype(np.float64): "F64", np.dtype(np.int16): "I16",
-       np.dtype(np.uint16): "U16", np.dtype(np.uint32): "U32", np.dtype(np.uint64): "U64"}
+# NumPy dtype names <-> safetensors codes (names: bfloat16's NumPy type needs ml_dtypes)
+_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int8": "I8", "uint8": "U8", "int32": "I32",
+       "int64": "I64", "bool": "BOOL", "float64": "F64", "int16": "I16", "uint16": "U16", "uint32": "U32",
+       "uint64": "U64"}
 _NP = {v: k for k, v in _ST.items()}
 _MIN_QUANT = 1024   # float tensors smaller than this stay float
 
@@ -193,7 +192,7 @@ class _Writer:
             self.stats["quantized"] += 1
             self.stats["float_bytes"] += a.nbytes
             self.tensors[key + ".q"], self.tensors[key + ".s"] = q, scale
-            return {"q": key, "bits": self.bits, "group": g, "shape": list(a.shape), "dtype": _ST[a.dtype]}
+            return {"q": key, "bits": self.bits, "group": g, "shape": list(a.shape), "dtype": _ST[a.dtype.name]}
         self.tensors[key] = np.asarray(a, order="C")
         return {"t": key}
 
@@ -240,7 +239,7 @@ class _Reader:
             if "q" in d:
                 a = dequantize(self.arrays[d["q"] + ".q"], self.arrays[d["q"] + ".s"], tuple(d["shape"]),
                                d["bits"], d["group"])
-                return a.astype(_NP[d["dtype"]])
+                return a.astype(dt.np_dtype(_NP[d["dtype"]]))
             if "strings" in d:
                 return np.array(d["strings"], dtype=object).reshape(d["shape"])
         except (KeyError, ValueError, TypeError) as e:
@@ -277,11 +276,11 @@ def write(path, meta: dict, tensors: dict) -> int:
     header, offset, order = {}, 0, []
     for k, a in tensors.items():
         a = np.asarray(a, order="C")
-        if a.dtype not in _ST:
+        if a.dtype.name not in _ST or not a.dtype.isnative:
             raise ModelError(f"exm: cannot store a tensor of dtype {a.dtype}")
         pad = (-offset) % 64
         offset += pad
-        header[k] = {"dtype": _ST[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        header[k] = {"dtype": _ST[a.dtype.name], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
         order.append((pad, a))
         offset += a.nbytes
     header["__metadata__"] = meta
@@ -320,7 +319,7 @@ def read(path):
     arrays = {}
     for k, d in header.items():
         try:
-            npd = _NP[d["dtype"]]
+            npd = dt.np_dtype(_NP[d["dtype"]])
             start, stop = d["data_offsets"]
             shape = tuple(int(s) for s in d["shape"])
         except (KeyError, TypeError, ValueError):

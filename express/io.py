@@ -5,9 +5,9 @@ import json
 import os
 import struct
 
-import ml_dtypes
 import numpy as np
 
+from .dtypes import np_dtype
 from .errors import ModelError
 from .tensor import Tensor, as_numpy, constant
 
@@ -23,9 +23,8 @@ def save(path, tensors) -> None:
     save_file(arrays, os.fspath(path))
 
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64, "I8": np.int8,
-              "U8": np.uint8, "I16": np.int16, "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
-              "BOOL": np.bool_}
+_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8", "U8": "uint8",
+              "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32", "I64": "int64", "BOOL": "bool"}
 
 
 def read_safetensors(path) -> dict:
@@ -45,7 +44,7 @@ def read_safetensors(path) -> dict:
                 continue
             if info.get("dtype") not in _ST_DTYPES:
                 raise ModelError(f"{path!r}: tensor {name!r} has unsupported dtype {info.get('dtype')!r}")
-            dtype = np.dtype(_ST_DTYPES[info["dtype"]])
+            dtype = np_dtype(_ST_DTYPES[info["dtype"]])
             a, b = info["data_offsets"]
             if not 0 <= a <= b <= len(buf) - 8 - n or (b - a) != dtype.itemsize * int(np.prod(info["shape"])):
                 raise ModelError(f"{path!r}: tensor {name!r} lies outside the file or does not match its shape")

@@ -8,15 +8,14 @@ import json
 import os
 import struct
 
-import ml_dtypes
 import numpy as np
 
 from express import ModelError
 from express.io import read_safetensors  # noqa: F401  (mmap'ed reader, used by loader/lora)
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I8": np.int8,
-           "U8": np.uint8, "I32": np.int32, "I64": np.int64, "F64": np.float64, "BOOL": np.bool_}
-_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+# NumPy dtype names -> safetensors codes (names: bfloat16's NumPy type needs ml_dtypes)
+_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int8": "I8", "uint8": "U8", "int32": "I32",
+          "int64": "I64", "float64": "F64", "bool": "BOOL"}
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
@@ -27,7 +26,7 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict 
     header, off = {}, 0
     for k in names:
         a = tensors[k]
-        header[k] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        header[k] = {"dtype": _NAMES[a.dtype.name], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
         off += a.nbytes
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}

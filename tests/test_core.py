@@ -238,3 +238,20 @@ def test_equal_roots_get_their_own_buffers():
     ex.eval(k, v)
     ex.slice_update(k, ex.ones((1, 2)), 0).numpy()
     assert k.numpy()[0, 0] == 1 and v.numpy()[0, 0] == 0
+
+
+def test_import_leaves_ml_dtypes_until_bfloat16_is_used():
+    """ml_dtypes takes most of a second to import: `import express` must not pull it in, and
+    bfloat16 still works (NumPy type, arrays in and out) once it is used."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import express as ex
+        print("ml_dtypes" in sys.modules)
+        t = ex.asarray(np.arange(4, dtype=np.float32)).astype(ex.bfloat16)
+        a = t.numpy()
+        print(a.dtype, ex.asarray(a).dtype.name, a.astype(np.float32).tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "False"
+    assert out[1] == "bfloat16 bfloat16 [0.0, 1.0, 2.0, 3.0]"

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from .. import dtypes as dt
 from ..errors import DTypeError
 
-# ONNX TensorProto.DataType -> the NumPy dtype of its values (None: no NumPy/Express counterpart)
-ONNX_NP = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
-           8: None, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
-           14: None, 15: None, 16: ml_dtypes.bfloat16}
+# ONNX TensorProto.DataType -> the name of the NumPy dtype of its values (None: no NumPy/Express
+# counterpart); express.dtypes.np_dtype gives the dtype
+ONNX_NP = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 8: None,
+           9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: None, 15: None, 16: "bfloat16"}
 ONNX_NAMES = {0: "undefined", 1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
               7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
               14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz",
@@ -25,7 +24,7 @@ def express_dtype(code: int, what: str = "") -> dt.DType:
     npd = ONNX_NP.get(code)
     if npd is None:
         raise DTypeError(f"{what}: ONNX element type {ONNX_NAMES.get(code, code)} is not supported")
-    return dt.from_numpy(npd)
+    return dt.from_numpy(dt.np_dtype(npd))
 
 
 @dataclass

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from ..dtypes import np_dtype
 from ..errors import ModelError
 from .ir import ONNX_NAMES, ONNX_NP, Graph, ModelIR, Node, ValueInfo, express_dtype
 
@@ -145,6 +146,7 @@ class _Reader:
         if npd is None:
             raise ModelError(f"onnx.load: tensor {t.name!r}: external data of type "
                              f"{ONNX_NAMES.get(t.data_type, t.data_type)} is not supported")
+        npd = np_dtype(npd)
         shape = tuple(int(d) for d in t.dims)
         offset = int(info.get("offset", 0))
         count = int(np.prod(shape, dtype=np.int64))
