@@ -441,12 +441,24 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
             const float *pa = adir ? apc + ir * g->ars : apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
-            if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
-              for (int64_t i = 0; i < mr; i++) {
-                const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
-                __builtin_prefetch(rr, 0, 3);
-                __builtin_prefetch(rr + nr - 1, 0, 3);
-              }
+            /* the next tile's C rows (for writing) and residual rows, fetched while the
+             * micro-kernel runs: its mr rows are too many streams for the hardware prefetcher */
+            if (pc == 0 || (last && g->ep->res)) {
+              const int64_t nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
+              if (njr < nc)
+                for (int64_t i = 0, nmr = EX_MIN(MR, mc - nir), nnr = EX_MIN(NR, nc - njr); i < nmr; i++) {
+                  const float *cn = g->c + (ic + nir + i) * ldc + jc + njr;
+                  if (pc == 0) {
+                    __builtin_prefetch(cn, 1, 3);
+                    __builtin_prefetch(cn + nnr - 1, 1, 3);
+                  }
+                  if (last && g->ep->res) {
+                    const float *rr = g->ep->res + (ic + nir + i) * g->ep->res_ld + jc + njr;
+                    __builtin_prefetch(rr, 0, 3);
+                    __builtin_prefetch(rr + nnr - 1, 0, 3);
+                  }
+                }
+            }
             int fused = 0;
             if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
                         ldc, pc > 0, pf, &fused)) {
