@@ -96,6 +96,17 @@ static void i2c_row(const i2c_ctx *g, int64_t r, float *dst) {
       const int64_t start = lo * 2 + off; /* >= 0 */
       const float *half = start & 1 ? row + (p->w + 1) / 2 + start / 2 : row + start / 2;
       memcpy(dst + lo, half, (size_t)(hi - lo) * sizeof(float));
+#ifdef EX_AVX512
+    } else if (p->sw == 2) { /* a 1x1 convolution's stride 2: the even columns, split in registers */
+      for (int64_t ox = lo; ox < hi; ox += 16) {
+        const int64_t n = EX_MIN(16, hi - ox), m = 2 * n - 1; /* src[2 ox, 2 ox + m) is read */
+        const __mmask16 m0 = (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, m))),
+                        m1 = m > 16 ? (__mmask16)(0xFFFFu >> (32 - m)) : 0;
+        __m512 ev, od;
+        split512(_mm512_maskz_loadu_ps(m0, src + 2 * ox), _mm512_maskz_loadu_ps(m1, src + 2 * ox + 16), &ev, &od);
+        _mm512_mask_storeu_ps(dst + ox, (__mmask16)(0xFFFFu >> (16 - n)), ev);
+      }
+#endif
     } else {
       for (int64_t ox = lo; ox < hi; ox++) dst[ox] = src[ox * p->sw];
     }
