@@ -419,6 +419,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
    * as much as the micro-kernel */
   const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0, i1 - i0);
+  const int pf_c = g->m * g->n >= ((int64_t)1 << 18); /* C of 1 MB or more */
   for (int64_t jc = jb; jc < je; jc += ncs) {
     const int64_t nc = EX_MIN(ncs, je - jc);
     for (int64_t pc = pb; pc < pe; pc += ks) {
@@ -441,14 +442,15 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
             const float *pa = adir ? apc + ir * g->ars : apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
-            /* the next tile's C rows (for writing) and residual rows, fetched while the
-             * micro-kernel runs: its mr rows are too many streams for the hardware prefetcher */
-            if (pc == 0 || (last && g->ep->res)) {
+            /* the next tile's C rows (for writing: only a C past L2 is not still in cache) and
+             * residual rows, fetched while the micro-kernel runs: its mr rows are too many streams
+             * for the hardware prefetcher */
+            if ((pc == 0 && pf_c) || (last && g->ep->res)) {
               const int64_t nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
               if (njr < nc)
                 for (int64_t i = 0, nmr = EX_MIN(MR, mc - nir), nnr = EX_MIN(NR, nc - njr); i < nmr; i++) {
                   const float *cn = g->c + (ic + nir + i) * ldc + jc + njr;
-                  if (pc == 0) {
+                  if (pc == 0 && pf_c) {
                     __builtin_prefetch(cn, 1, 3);
                     __builtin_prefetch(cn + nnr - 1, 1, 3);
                   }
