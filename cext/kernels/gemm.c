@@ -10,6 +10,7 @@
  * after its last K block, while it is still in L1.  The AVX-512 kernel reads row-major f32 B in
  * place instead of packing it when A has few rows (or B many columns), a small row-major A in
  * place too, and prefetches pre-packed weights far ahead: they stream from memory, page by page.
+ * Each tile prefetches the next one's C rows (a C of 1 MB or more) and residual rows.
  * Skinny products (m <= 16) against a transposed B (weights stored [n, k], as nn.Linear) skip
  * packing: a dot-product kernel streams each weight row once for 4 rows of A at a time.
  * m == 1 or n == 1 with f32 B goes to a GEMV (dot or axpy form, whichever walks memory
