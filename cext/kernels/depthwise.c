@@ -5,8 +5,8 @@
  * Outputs are computed DWD_VL at a time along a row with the kernel's weights held in
  * registers: each tap is one unaligned load of an input row (stride 2: two loads split into even
  * and odd columns), so nothing is copied or padded.  Stride 1 computes two output rows per pass
- * (K + 1 input rows, each load feeding two FMAs), stride 2 too in the chunks inside the rows (K + 2
- * rows, the shared one loaded and split once).  Column chunks that read only inside the rows
+ * (K + 1 input rows, each load feeding two FMAs), stride 2 too (K + 2 rows, the shared one
+ * loaded and split once).  Column chunks that read only inside the rows
  * run in a tight loop, rows outer; chunks over the left/right padding or the row's tail use
  * masked loads (zero outside the row, masks computed once per chunk), and taps on the rows of
  * the top/bottom padding are skipped.  Bias starts the sum; the residual and ReLU/ReLU6 are
@@ -171,11 +171,11 @@ DWD_INLINE void dwd_chunk2(const float *const *rp, const dwd_v *wv, dwd_v bias, 
   *out1 = b[0] + b[1];
 }
 
-/* stride 2, two output rows at once (fast chunks: no masks): rp[0..K+1] are K + 2 input rows;
- * row r feeds the first output row with kernel row r and the second with kernel row r - 2, so
- * the shared row is loaded and split once, and the two rows' FMA chains interleave */
-DWD_INLINE void dwd_chunk2s(const float *const *rp, const dwd_v *wv, dwd_v bias, const int K, dwd_v *out0,
-                            dwd_v *out1) {
+/* stride 2, two output rows at once: rp[0..K+1] are K + 2 input rows; row r feeds the first
+ * output row with kernel row r and the second with kernel row r - 2, so the shared row is loaded
+ * and split once, and the two rows' FMA chains interleave (m: as dwd_chunk's) */
+DWD_INLINE void dwd_chunk2s(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m, const int K,
+                            dwd_v *out0, dwd_v *out1) {
   dwd_v a[2] = {bias, (dwd_v){0}}, b[2] = {bias, (dwd_v){0}};
 #pragma GCC unroll 7
   for (int r = 0; r < K + 2; r++) {
@@ -184,7 +184,8 @@ DWD_INLINE void dwd_chunk2s(const float *const *rp, const dwd_v *wv, dwd_v bias,
 #pragma GCC unroll 3
     for (int j = 0; j < K; j += 2) {
       dwd_v ev, od;
-      dwd_split(dwd_ld(x + j), dwd_ld(x + j + DWD_VL), &ev, &od);
+      if (m) dwd_split(dwd_ldk(x + j, m[j]), dwd_ldk(x + j + DWD_VL, m[K + j]), &ev, &od);
+      else dwd_split(dwd_ld(x + j), dwd_ld(x + j + DWD_VL), &ev, &od);
       if (r < K) {
         a[r & 1] = dwd_fma(wv[r * K + j], ev, a[r & 1]);
         if (j + 1 < K) a[r & 1] = dwd_fma(wv[r * K + j + 1], od, a[r & 1]);
@@ -288,7 +289,7 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
       for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
         for (int i = 0; i < K + 2; i++) r[i] = rp[i] ? rp[i] + ox * S : NULL;
         dwd_v a0, a1;
-        dwd_chunk2s(r, wv, bv, K, &a0, &a1);
+        dwd_chunk2s(r, wv, bv, NULL, K, &a0, &a1);
         dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
         dwd_out(y1 + ox, r1 ? r1 + ox : NULL, a1, DWD_VL, full, clamp, six);
       }
@@ -324,6 +325,15 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
       const int64_t yo = oy * ow + ox;
       dwd_v a0, a1;
       dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
+      dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
+      dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
+    }
+    for (; S == 2 && oy + 2 <= oy1; oy += 2) {
+      const float *rp[DWD_MAXK + 2];
+      dwd_row_ptrs(g, xq, oy, c0, K + 2, S, rp);
+      const int64_t yo = oy * ow + ox;
+      dwd_v a0, a1;
+      dwd_chunk2s(rp, wv, bv, m, K, &a0, &a1);
       dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
       dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
     }
