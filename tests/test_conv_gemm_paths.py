@@ -120,6 +120,22 @@ def test_conv_stem_col_in_place(stride, oc, isa, threads):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
+# a 1 x 1 convolution at stride 2 (ResNet's downsampling): im2col takes every other column, split
+# in registers on AVX-512; widths give rows of one short vector, one and a bit, several, an odd
+# last column and (padding) columns outside the row at both ends
+@pytest.mark.parametrize("w,pad", [(9, 0), (33, 0), (62, 0), (35, 1), (64, 2)])
+def test_conv_1x1_stride2(w, pad, isa, threads):
+    c, h = 6, 11
+    oh, ow = (h + 2 * pad - 1) // 2 + 1, (w + 2 * pad - 1) // 2 + 1
+    for oc in (20, 200):  # col read in place by the GEMM / packed by it
+        x, wt, b = rnd(2, c, h, w), rnd(oc, c, 1, 1), rnd(oc)
+        y = np.full((2, oc, oh, ow), np.nan, np.float32)
+        p = conv_params(x.shape, y.shape, (1, 1), (2, 2), (pad, pad), (1, 1), 1, "none", "gemm")
+        assert lib.ex_conv2d(p, fp(x), fp(wt), fp(b), ffi.NULL, fp(y)) == 0
+        want = conv2d_ref(x, wt, b, (2, 2), (pad,) * 4)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=f"oc={oc}")
+
+
 # at most 4 input channels (the stems), 3 x 3 to 7 x 7 at stride 1 or 2: the direct kernel (on
 # AVX-512) with 16 outputs per vector and 16 output channels per block; odd sizes give masked
 # loads at both ends of a row and a short last vector, channel counts a short last block

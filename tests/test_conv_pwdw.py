@@ -51,8 +51,9 @@ def run(x, w1, b1, act1, w2, b2, stride, pad, res, act, out_hw, pack):
 
 
 # (n, c, e, h, w): one band; many bands of 2 output rows (e * w * stride * 4 bytes past the band
-# size), with an odd last band; a plane narrower than a vector
-SHAPES = [(2, 5, 7, 9, 13), (1, 3, 300, 23, 150), (2, 4, 256, 19, 131), (1, 6, 33, 12, 5)]
+# size), with an odd last band; a plane narrower than a vector; bands of 6 output rows (stride 1:
+# a 5 x 5 kernel's 4 rows shared with the band before, which are moved, not computed again)
+SHAPES = [(2, 5, 7, 9, 13), (1, 3, 300, 23, 150), (2, 4, 256, 19, 131), (1, 6, 33, 12, 5), (2, 3, 64, 41, 300)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -10,6 +10,7 @@
  * after its last K block, while it is still in L1.  The AVX-512 kernel reads row-major f32 B in
  * place instead of packing it when A has few rows (or B many columns), a small row-major A in
  * place too, and prefetches pre-packed weights far ahead: they stream from memory, page by page.
+ * Each tile prefetches the next one's C rows (a C of 1 MB or more) and residual rows.
  * Skinny products (m <= 16) against a transposed B (weights stored [n, k], as nn.Linear) skip
  * packing: a dot-product kernel streams each weight row once for 4 rows of A at a time.
  * m == 1 or n == 1 with f32 B goes to a GEMV (dot or axpy form, whichever walks memory
@@ -419,6 +420,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
    * as much as the micro-kernel */
   const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0, i1 - i0);
+  const int pf_c = g->m * g->n >= ((int64_t)1 << 18); /* C of 1 MB or more */
   for (int64_t jc = jb; jc < je; jc += ncs) {
     const int64_t nc = EX_MIN(ncs, je - jc);
     for (int64_t pc = pb; pc < pe; pc += ks) {
@@ -441,12 +443,25 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
             const float *pa = adir ? apc + ir * g->ars : apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
-            if (last && g->ep->res) /* residual rows: fetched while the micro-kernel runs */
-              for (int64_t i = 0; i < mr; i++) {
-                const float *rr = g->ep->res + (ic + ir + i) * g->ep->res_ld + jc + jr;
-                __builtin_prefetch(rr, 0, 3);
-                __builtin_prefetch(rr + nr - 1, 0, 3);
-              }
+            /* the next tile's C rows (for writing: only a C past L2 is not still in cache) and
+             * residual rows, fetched while the micro-kernel runs: its mr rows are too many streams
+             * for the hardware prefetcher */
+            if ((pc == 0 && pf_c) || (last && g->ep->res)) {
+              const int64_t nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
+              if (njr < nc)
+                for (int64_t i = 0, nmr = EX_MIN(MR, mc - nir), nnr = EX_MIN(NR, nc - njr); i < nmr; i++) {
+                  const float *cn = g->c + (ic + nir + i) * ldc + jc + njr;
+                  if (pc == 0 && pf_c) {
+                    __builtin_prefetch(cn, 1, 3);
+                    __builtin_prefetch(cn + nnr - 1, 1, 3);
+                  }
+                  if (last && g->ep->res) {
+                    const float *rr = g->ep->res + (ic + nir + i) * g->ep->res_ld + jc + njr;
+                    __builtin_prefetch(rr, 0, 3);
+                    __builtin_prefetch(rr + nnr - 1, 0, 3);
+                  }
+                }
+            }
             int fused = 0;
             if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
                         ldc, pc > 0, pf, &fused)) {
