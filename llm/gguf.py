@@ -235,8 +235,9 @@ class _Cursor:
 
 class GGUFFile:
     """An opened GGUF file: `.metadata` (dict), `.tensors` (name -> TensorInfo), the tensor data
-    memory-mapped (read in place, never copied). The header is read directly: GGUF is a short
-    table of typed values, and reading it ourselves keeps no per-value arrays around."""
+    memory-mapped (read in place, never converted; `make_resident` reads chosen ones into memory).
+    The header is read directly: GGUF is a short table of typed values, and reading it ourselves
+    keeps no per-value arrays around."""
 
     def __init__(self, path):
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -280,6 +281,20 @@ class GGUFFile:
                 self.tensors[name] = TensorInfo(name, qtype, dims, self.mmap[start + offset:start + offset + size])
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
             raise ModelError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
+
+    def make_resident(self, names):
+        """Read tensors `names` from the file into one huge-page buffer (express.io.hugepage_buffer)
+        instead of reading them through the map: the matrices every decode step streams."""
+        from express.io import hugepage_buffer
+        infos = [self.tensors[n] for n in names]
+        mem, off = hugepage_buffer(sum(-(-t.data.nbytes // 64) * 64 for t in infos)), 0
+        with open(self.path, "rb") as f:
+            for t in infos:
+                f.seek(t.data.ctypes.data - self.mmap.ctypes.data)
+                if f.readinto(memoryview(mem[off:off + t.data.nbytes])) != t.data.nbytes:
+                    raise ModelError(f"{self.path}: tensor {t.name!r} is cut short")
+                t.data = mem[off:off + t.data.nbytes]
+                off += -(-t.data.nbytes // 64) * 64
 
     def get(self, key, default=None):
         return self.metadata.get(key, default)
@@ -490,8 +505,8 @@ def _ggml_linear_class():
 
 def load_model(path):
     """(CausalLM, embed, Tokenizer, generation config) from a GGUF file; quantized matrices stay
-    in the file's blocks, memory-mapped (low-memory mode), and multiply as llama.cpp's do; the tied
-    embedding is read from the quantized head's rows."""
+    in the file's blocks (low-memory mode; read into huge pages, the rest memory-mapped) and
+    multiply as llama.cpp's do; the tied embedding is read from the quantized head's rows."""
     import express as ex
     from express.nn.quantized import replace_linears
 
@@ -501,6 +516,7 @@ def load_model(path):
     from .tokenizer import Tokenizer
 
     g = GGUFFile(path)
+    g.make_resident([n for n, t in g.tensors.items() if t.tensor_type.name in _QUANT])
     cfg_dict = config_from_gguf(g)
     cfg = ModelConfig.from_dict(cfg_dict, g.path)
     model = CausalLM(cfg)

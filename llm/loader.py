@@ -126,7 +126,10 @@ def load_exported(folder):
                          f"Express (version {EXPORT_VERSION}) does not read; export it again")
     cfg = read_config(folder)
     model = CausalLM(cfg)
-    w = read_safetensors(os.path.join(folder, "model.safetensors"))
+    # the packed weights, streamed every decode step, in huge pages (NumPy already asks for them
+    # for its large arrays, so on-the-fly quantization has them); the rest stays mapped
+    w = read_safetensors(os.path.join(folder, "model.safetensors"),
+                         resident=lambda k: k.endswith((".qweight", ".scales")))
     bits, gs = meta.get("quant_bits"), meta.get("group_size")
 
     def packed(name, n):

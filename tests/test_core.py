@@ -198,6 +198,37 @@ def test_save_load(tmp_path):
         ex.load(tmp_path / "missing.safetensors")
 
 
+def test_read_safetensors_resident_tensors_match_the_mapped_ones(tmp_path):
+    """Tensors read into huge pages (the decode weights) equal the mapped ones, byte for byte, in
+    buffers of their own; a file cut short is an error naming it, not a short read."""
+    from safetensors.numpy import save_file
+
+    from express.io import hugepage_buffer, hugepage_copy, read_safetensors
+    rng = np.random.default_rng(0)
+    arrays = {"a.qweight": rng.integers(0, 255, (700, 3001), dtype=np.uint8),  # over 2 MB
+              "a.scales": rng.standard_normal((7, 3)).astype(np.float16),
+              "b": rng.standard_normal(5).astype(np.float32), "c.qweight": np.zeros((0, 4), np.uint8)}
+    save_file(arrays, str(tmp_path / "m.safetensors"))
+    mapped = read_safetensors(tmp_path / "m.safetensors")
+    read = read_safetensors(tmp_path / "m.safetensors", resident=lambda k: k.endswith((".qweight", ".scales")))
+    for k, a in arrays.items():
+        assert read[k].dtype == a.dtype and read[k].shape == a.shape
+        np.testing.assert_array_equal(read[k], a)
+        np.testing.assert_array_equal(mapped[k], a)
+    assert not np.shares_memory(read["a.qweight"], mapped["a.qweight"])
+    assert read["a.qweight"].ctypes.data % 64 == 0 and read["a.scales"].ctypes.data % 64 == 0
+    data = (tmp_path / "m.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:len(data) - 100])
+    with pytest.raises(ex.ModelError, match="cut.safetensors"):
+        read_safetensors(tmp_path / "cut.safetensors", resident=lambda k: True)
+    for n in (0, 5, 3 << 20):
+        b = hugepage_buffer(n)
+        assert b.dtype == np.uint8 and b.nbytes == n and b.ctypes.data % 64 == 0 and not b.any()
+    x, y = hugepage_copy([np.arange(5.0, dtype=np.float32), np.ones((2, 3), np.int8)])
+    np.testing.assert_array_equal(x, np.arange(5.0))
+    np.testing.assert_array_equal(y, np.ones((2, 3)))
+
+
 def test_slice_update_in_place_and_compiled():
     cache = ex.zeros((2, 6, 3))
     ex.eval(cache)

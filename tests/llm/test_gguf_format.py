@@ -70,6 +70,22 @@ def test_block_formats_match_gguf_dequantize(tmp_path, qtype):
     assert np.abs(qb.codes).max() < 2 ** qb.bits
 
 
+def test_make_resident_reads_the_same_bytes(tmp_path):
+    """Quantized tensors read into memory (as the loader does for the decode weights) hold the
+    bytes the map holds; the others stay views of the map."""
+    raws = {"blk.0.attn_q.weight": (random_blocks(Q.Q4_K, 3, 512), Q.Q4_K),
+            "blk.0.attn_k.weight": (random_blocks(Q.Q8_0, 5, 96), Q.Q8_0),
+            "token_embd.weight": (rng.standard_normal((7, 64)).astype(np.float32), Q.F32)}
+    g = GGUFFile(write(tmp_path / "m.gguf", raws))
+    g.make_resident(["blk.0.attn_q.weight", "blk.0.attn_k.weight"])
+    mapped = GGUFFile(tmp_path / "m.gguf")
+    for name, (raw, _) in raws.items():
+        np.testing.assert_array_equal(g.tensors[name].data, mapped.tensors[name].data)
+        assert np.shares_memory(g.tensors[name].data, g.mmap) == (name == "token_embd.weight")
+    np.testing.assert_array_equal(decode_tensor(g.tensors["blk.0.attn_q.weight"]).dequantize(),
+                                  quants.dequantize(raws["blk.0.attn_q.weight"][0], Q.Q4_K))
+
+
 def test_float_tensors_config_and_names(tmp_path):
     emb = rng.standard_normal((100, 64)).astype(np.float32)
     norm = rng.standard_normal(64).astype(np.float32)
