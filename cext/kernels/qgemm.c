@@ -147,7 +147,8 @@ AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, in
  * step of group H / 2) against mr rows of x from i0: at m = 1 both halves of a group in one pass
  * (each cache line is read once), else one half at a time (its QG_MR accumulators stay in
  * registers) */
-AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
+AVX2_FN __attribute__((always_inline)) static inline void q4_avx2(const qg_ctx *c, int64_t H, const int NH, int64_t i0,
+                                                                  int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   __m256 acc[2 * QG_MR];
@@ -156,16 +157,17 @@ AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0
   const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
   for (int64_t b = 0; b < nb; b++, wg += 256) {
     for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
-    for (int64_t h = H & 1; h < (H & 1) + nh; h++) {
-      const uint8_t *w = wg + h * 32;
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++) {
+      const uint8_t *w = wg + ((H & 1) + h) * 32;
       const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 64)),
                     r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
       const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
                     l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
       const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask), h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
                     h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask), h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
-      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + h * 8)));
-      __m256 *ah = acc + (h - (H & 1)) * QG_MR;
+      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
+      __m256 *ah = acc + h * QG_MR;
   #pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
         const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
@@ -183,10 +185,11 @@ AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0
       }
     }
   }
-  for (int h = 0; h < nh; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
+  for (int h = 0; h < NH; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
 }
 
-AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
+AVX2_FN __attribute__((always_inline)) static inline void q8_avx2(const qg_ctx *c, int64_t H, const int NH, int64_t i0,
+                                                                  int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[2 * QG_MR];
@@ -195,15 +198,16 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0
   const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
   for (int64_t b = 0; b < nb; b++, wg += 512) {
     for (int l = 0; l < 512; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
-    for (int64_t h = H & 1; h < (H & 1) + nh; h++) {
-      const uint8_t *w = wg + h * 32;
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++) {
+      const uint8_t *w = wg + ((H & 1) + h) * 32;
       __m256i wv[8], wa[8];
       for (int t = 0; t < 8; t++) {
         wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 64));
         wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
       }
-      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + h * 8)));
-      __m256 *ah = acc + (h - (H & 1)) * QG_MR;
+      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
+      __m256 *ah = acc + h * QG_MR;
       for (int i = 0; i < mr; i++) {
         const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
         __m256i s = _mm256_setzero_si256();
@@ -214,7 +218,22 @@ AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0
       }
     }
   }
-  for (int h = 0; h < nh; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
+  for (int h = 0; h < NH; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
+}
+
+/* NH a constant in each instance, so the accumulators' indices are constants and stay in registers */
+AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
+  if (nh == 2)
+    q4_avx2(c, H, 2, i0, mr);
+  else
+    q4_avx2(c, H, 1, i0, mr);
+}
+
+AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
+  if (nh == 2)
+    q8_avx2(c, H, 2, i0, mr);
+  else
+    q8_avx2(c, H, 1, i0, mr);
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
