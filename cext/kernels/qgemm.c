@@ -164,8 +164,10 @@ AVX2_FN __attribute__((always_inline)) static inline void q4_avx2(const qg_ctx *
                     r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
       const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
                     l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
-      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask), h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
-                    h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask), h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
+      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask),
+                    h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
+                    h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask),
+                    h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
       const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
       __m256 *ah = acc + h * QG_MR;
   #pragma GCC unroll 4
@@ -212,7 +214,8 @@ AVX2_FN __attribute__((always_inline)) static inline void q8_avx2(const qg_ctx *
         const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
         __m256i s = _mm256_setzero_si256();
         for (int t = 0; t < 8; t++)
-          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
+          s = _mm256_add_epi32(
+              s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
         const int64_t xb = (i0 + i) * nb + b;
         ah[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), ah[i]);
       }
