@@ -46,18 +46,6 @@ def hugepage_buffer(nbytes: int) -> np.ndarray:
     return np.frombuffer(mm, np.uint8, count=nbytes, offset=start)  # keeps `mm` alive
 
 
-def hugepage_copy(arrays) -> list:
-    """Copies of `arrays` side by side (64-byte aligned) in one `hugepage_buffer`."""
-    sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
-    buf, out, off = hugepage_buffer(sum(sizes)), [], 0
-    for a, size in zip(arrays, sizes):
-        c = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-        c[...] = a
-        out.append(c)
-        off += size
-    return out
-
-
 def read_safetensors(path, resident=None) -> dict:
     """name -> read-only NumPy view into the memory-mapped safetensors file `path` (nothing is
     read until used; a tensor whose offset is not aligned to its item size is copied). Tensors
@@ -93,6 +81,7 @@ def read_safetensors(path, resident=None) -> dict:
                 if f.readinto(memoryview(mem[off:off + size])) != size:
                     raise ValueError(f"tensor {name!r} is cut short")
                 out[name] = mem[off:off + size].view(dtype).reshape(shape)
+                out[name].flags.writeable = False  # as the mapped ones
                 off += -(-size // 64) * 64
         return out
     except (OSError, ValueError, KeyError, TypeError, struct.error) as e:

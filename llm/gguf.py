@@ -294,6 +294,7 @@ class GGUFFile:
                 if f.readinto(memoryview(mem[off:off + t.data.nbytes])) != t.data.nbytes:
                     raise ModelError(f"{self.path}: tensor {t.name!r} is cut short")
                 t.data = mem[off:off + t.data.nbytes]
+                t.data.flags.writeable = False  # as the mapped ones
                 off += -(-t.data.nbytes // 64) * 64
 
     def get(self, key, default=None):

@@ -203,7 +203,7 @@ def test_read_safetensors_resident_tensors_match_the_mapped_ones(tmp_path):
     buffers of their own; a file cut short is an error naming it, not a short read."""
     from safetensors.numpy import save_file
 
-    from express.io import hugepage_buffer, hugepage_copy, read_safetensors
+    from express.io import hugepage_buffer, read_safetensors
     rng = np.random.default_rng(0)
     arrays = {"a.qweight": rng.integers(0, 255, (700, 3001), dtype=np.uint8),  # over 2 MB
               "a.scales": rng.standard_normal((7, 3)).astype(np.float16),
@@ -215,7 +215,7 @@ def test_read_safetensors_resident_tensors_match_the_mapped_ones(tmp_path):
         assert read[k].dtype == a.dtype and read[k].shape == a.shape
         np.testing.assert_array_equal(read[k], a)
         np.testing.assert_array_equal(mapped[k], a)
-    assert not np.shares_memory(read["a.qweight"], mapped["a.qweight"])
+    assert not np.shares_memory(read["a.qweight"], mapped["a.qweight"]) and not read["a.qweight"].flags.writeable
     assert read["a.qweight"].ctypes.data % 64 == 0 and read["a.scales"].ctypes.data % 64 == 0
     data = (tmp_path / "m.safetensors").read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:len(data) - 100])
@@ -224,9 +224,6 @@ def test_read_safetensors_resident_tensors_match_the_mapped_ones(tmp_path):
     for n in (0, 5, 3 << 20):
         b = hugepage_buffer(n)
         assert b.dtype == np.uint8 and b.nbytes == n and b.ctypes.data % 64 == 0 and not b.any()
-    x, y = hugepage_copy([np.arange(5.0, dtype=np.float32), np.ones((2, 3), np.int8)])
-    np.testing.assert_array_equal(x, np.arange(5.0))
-    np.testing.assert_array_equal(y, np.ones((2, 3)))
 
 
 def test_slice_update_in_place_and_compiled():
