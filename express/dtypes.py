@@ -57,6 +57,7 @@ ALL = (float32, float16, bfloat16, int8, uint8, int32, int64, bool_)
 FLOATS = (float32, float16, bfloat16)
 INTS = (int8, uint8, int32, int64)
 _BY_NAME = {d.name: d for d in ALL}
+_BY_NP = {np.dtype(d.name): d for d in ALL if d is not bfloat16}  # bfloat16 joins on first sight
 # NumPy types we accept on the way in and narrow, as MNN does: there is no float64 kernel path
 _NARROWED = {np.dtype(np.float64): float32, np.dtype(np.int16): int32, np.dtype(np.uint16): int32,
              np.dtype(np.uint32): int64}
@@ -66,10 +67,13 @@ def _by_name(name):
     return _BY_NAME[name]
 
 
-def _ours(npd: np.dtype) -> bool:
-    """Whether NumPy dtype `npd` is one of ours (matched by name, so that a bfloat16 array, which
-    only exists once ml_dtypes is imported, is recognized without importing it here)."""
-    return npd.name in _BY_NAME and npd.isnative and npd.itemsize == _BY_NAME[npd.name].itemsize
+def _ours(npd: np.dtype):
+    """Our dtype for NumPy dtype `npd`, or None. bfloat16's NumPy type only exists once ml_dtypes
+    is imported, so it is recognized by name (slow: `dtype.name` is Python code) and then cached."""
+    d = _BY_NP.get(npd)
+    if d is None and npd.itemsize == 2 and npd.isnative and npd.name == "bfloat16":
+        d = _BY_NP[npd] = bfloat16
+    return d
 
 
 def as_dtype(x) -> DType:
@@ -88,18 +92,18 @@ def as_dtype(x) -> DType:
         npd = np.dtype(x)
     except TypeError:
         raise DTypeError(f"unknown dtype {x!r}; Express supports {', '.join(_BY_NAME)}") from None
-    if _ours(npd):
-        return _BY_NAME[npd.name]
+    d = _ours(npd)
+    if d is not None:
+        return d
     raise DTypeError(f"dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")
 
 
 def from_numpy(npd) -> DType:
     """The dtype an incoming NumPy array is stored as (float64 narrows to float32)."""
     npd = np.dtype(npd)
-    if _ours(npd):
-        return _BY_NAME[npd.name]
-    if npd in _NARROWED:
-        return _NARROWED[npd]
+    d = _BY_NP.get(npd) or _NARROWED.get(npd) or _ours(npd)
+    if d is not None:
+        return d
     raise DTypeError(f"NumPy dtype {npd} is not supported; Express supports {', '.join(_BY_NAME)}")
 
 
