@@ -200,6 +200,15 @@ DWD_INLINE void dwd_chunk2s(const float *const *rp, const dwd_v *wv, dwd_v bias,
   *out1 = b[0] + b[1];
 }
 
+/* two output rows at once from K + S input rows (S, 1 or 2, a constant in each instance) */
+DWD_INLINE void dwd_pair(const float *const *rp, const dwd_v *wv, dwd_v bias, const dwd_m *m, const int K,
+                         const int S, dwd_v *out0, dwd_v *out1) {
+  if (S == 1)
+    dwd_chunk2(rp, wv, bias, m, K, out0, out1);
+  else
+    dwd_chunk2s(rp, wv, bias, m, K, out0, out1);
+}
+
 /* residual, ReLU/ReLU6, then the store of the first n lanes (sm: their mask) */
 DWD_INLINE void dwd_out(float *y, const float *r, dwd_v acc, int64_t n, dwd_m sm, int clamp,
                         int six) {
@@ -266,30 +275,17 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
   for (xb = xa; xb + DWD_VL <= ow && xb * S - pw + span <= w;) xb += DWD_VL;
   if (xb > xa) {
     int64_t oy = oy0;
-    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
-      const float *rp[DWD_MAXK + 1], *r[DWD_MAXK + 1];
-      dwd_row_ptrs(g, xq, oy, -pw, K + 1, S, rp);
-      float *y0 = y + oy * ow, *y1 = y0 + ow;
-      const float *r0 = res ? res + oy * ow : NULL, *r1 = res ? r0 + ow : NULL;
-      for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
-        for (int i = 0; i <= K; i++) r[i] = rp[i] ? rp[i] + ox : NULL;
-        dwd_v a0, a1;
-        dwd_chunk2(r, wv, bv, NULL, K, &a0, &a1);
-        dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
-        dwd_out(y1 + ox, r1 ? r1 + ox : NULL, a1, DWD_VL, full, clamp, six);
-      }
-    }
-    for (; S == 2 && oy + 2 <= oy1; oy += 2) {
+    for (; oy + 2 <= oy1; oy += 2) {
       const float *rp[DWD_MAXK + 2], *r[DWD_MAXK + 2];
-      dwd_row_ptrs(g, xq, oy, -pw, K + 2, S, rp);
+      dwd_row_ptrs(g, xq, oy, -pw, K + S, S, rp);
       /* stride 2 streams through twice the input per output: fetch two output rows ahead */
-      dwd_prefetch(g, xq, oy * S - p->ph + K + 2 * S, 2 * S);
+      if (S == 2) dwd_prefetch(g, xq, oy * S - p->ph + K + 2 * S, 2 * S);
       float *y0 = y + oy * ow, *y1 = y0 + ow;
       const float *r0 = res ? res + oy * ow : NULL, *r1 = res ? r0 + ow : NULL;
       for (int64_t ox = xa; ox < xb; ox += DWD_VL) {
-        for (int i = 0; i < K + 2; i++) r[i] = rp[i] ? rp[i] + ox * S : NULL;
+        for (int i = 0; i < K + S; i++) r[i] = rp[i] ? rp[i] + ox * S : NULL;
         dwd_v a0, a1;
-        dwd_chunk2s(r, wv, bv, NULL, K, &a0, &a1);
+        dwd_pair(r, wv, bv, NULL, K, S, &a0, &a1);
         dwd_out(y0 + ox, r0 ? r0 + ox : NULL, a0, DWD_VL, full, clamp, six);
         dwd_out(y1 + ox, r1 ? r1 + ox : NULL, a1, DWD_VL, full, clamp, six);
       }
@@ -319,21 +315,12 @@ DWD_INLINE void dwd_rows(const dwd_ctx *g, int64_t q, int64_t oy0, int64_t oy1, 
       m[K + o] = dwd_mask(-(c0 + o + DWD_VL), w - (c0 + o + DWD_VL));
     }
     int64_t oy = oy0;
-    for (; S == 1 && oy + 2 <= oy1; oy += 2) {
-      const float *rp[DWD_MAXK + 1];
-      dwd_row_ptrs(g, xq, oy, c0, K + 1, S, rp);
-      const int64_t yo = oy * ow + ox;
-      dwd_v a0, a1;
-      dwd_chunk2(rp, wv, bv, m, K, &a0, &a1);
-      dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
-      dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
-    }
-    for (; S == 2 && oy + 2 <= oy1; oy += 2) {
+    for (; oy + 2 <= oy1; oy += 2) {
       const float *rp[DWD_MAXK + 2];
-      dwd_row_ptrs(g, xq, oy, c0, K + 2, S, rp);
+      dwd_row_ptrs(g, xq, oy, c0, K + S, S, rp);
       const int64_t yo = oy * ow + ox;
       dwd_v a0, a1;
-      dwd_chunk2s(rp, wv, bv, m, K, &a0, &a1);
+      dwd_pair(rp, wv, bv, m, K, S, &a0, &a1);
       dwd_out(y + yo, res ? res + yo : NULL, a0, n, sm, clamp, six);
       dwd_out(y + yo + ow, res ? res + yo + ow : NULL, a1, n, sm, clamp, six);
     }
