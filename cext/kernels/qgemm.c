@@ -170,7 +170,7 @@ AVX2_FN __attribute__((always_inline)) static inline void q4_avx2(const qg_ctx *
                     h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
       const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
       __m256 *ah = acc + h * QG_MR;
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int i = 0; i < mr; i++) {
         const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
         __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
@@ -258,6 +258,13 @@ VNNI_FN static void quantize_rows_avx512(const float *x, int64_t nblk, int32_t o
   }
 }
 
+/* 4 values of x from p in every 32-bit lane */
+VNNI_FN static inline __m512i bcast4_512(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
 /* y columns 16R .. 16R + 15 for MR rows of x from i0.  BITS and MR are constants at every call,
  * so the accumulators live in registers. */
 VNNI_FN __attribute__((always_inline)) static inline void group_vnni(const qg_ctx *c, int64_t R, int64_t i0,
@@ -284,11 +291,7 @@ VNNI_FN __attribute__((always_inline)) static inline void group_vnni(const qg_ct
       const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
       const int64_t xb = (i0 + i) * nb + b;
       __m512i d = _mm512_set1_epi32(-c->xc[xb]);
-      int32_t v;
-      for (int t = 0; t < 8; t++) {
-        memcpy(&v, x + 4 * t, 4);
-        d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(v));
-      }
+      for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], bcast4_512(x + 4 * t));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[xb])), acc[i]);
     }
   }
@@ -325,8 +328,8 @@ VNNI_FN static void groups_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
 }
 
 /* row groups [g0, g1), m = 1.  Each task reads its row groups as one stream of 64-byte steps
- * (4 values of 16 rows), prefetched ahead (QG_PF_L2 into L2, then QG_PF1 into L1), each against 4
- * values of x broadcast from memory.  Tried on a Zen 5 core with the 8-row layout (int4,
+ * (4 values of 16 rows; int4 prefetched QG_PF_L2 ahead into L2 and QG_PF1 into L1, int8 left to
+ * the hardware prefetcher), each against 4 values of x broadcast from memory.  Tried on a Zen 5 core with the 8-row layout (int4,
  * Qwen2.5-0.5B shapes), slower: 8 or 4 row groups side by side (8 prefetched streams), two blocks a
  * step in register accumulators, adding the halves of two blocks crosswise; within the noise: the
  * high nibble by one gf2p8affine (GFNI) instead of a shift and a mask, non-temporal prefetches.
@@ -335,7 +338,6 @@ VNNI_FN static void groups_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
   const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-  const int32_t *x4 = (const int32_t *)c->xq; /* 4 values of x a lane (xq is malloc'ed: aligned) */
   for (int64_t R = g0; R < g1; R++) {
     const uint8_t *w = c->wq + R * nb * cb;
     const uint16_t *s = c->scales + R * ng * QG_ROWS;
@@ -347,24 +349,24 @@ VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
           _mm_prefetch((const char *)w + QG_PF_L2 + l, _MM_HINT_T1);
           _mm_prefetch((const char *)w + QG_PF1 + l, _MM_HINT_T0);
         }
-      const int32_t *x = x4 + b * 8;
+      const int8_t *x = c->xq + b * 32;
       __m512i d0 = _mm512_set1_epi32(-c->xc[b]), d1 = _mm512_setzero_si512();
       if (c->bits == 4) {
         const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64), r2 = _mm512_loadu_si512(w + 128),
                       r3 = _mm512_loadu_si512(w + 192);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), _mm512_set1_epi32(x[0]));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), _mm512_set1_epi32(x[1]));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r2, m4), _mm512_set1_epi32(x[2]));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r3, m4), _mm512_set1_epi32(x[3]));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_set1_epi32(x[4]));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), _mm512_set1_epi32(x[5]));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r2, 4), m4), _mm512_set1_epi32(x[6]));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r3, 4), m4), _mm512_set1_epi32(x[7]));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), bcast4_512(x + 0));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), bcast4_512(x + 4));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r2, m4), bcast4_512(x + 8));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r3, m4), bcast4_512(x + 12));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), bcast4_512(x + 16));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), bcast4_512(x + 20));
+        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r2, 4), m4), bcast4_512(x + 24));
+        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r3, 4), m4), bcast4_512(x + 28));
       } else {
         for (int t = 0; t < 8; t += 2) {
-          d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t), flip), _mm512_set1_epi32(x[t]));
+          d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t), flip), bcast4_512(x + 4 * t));
           d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t + 64), flip),
-                                   _mm512_set1_epi32(x[t + 1]));
+                                   bcast4_512(x + 4 * t + 4));
         }
       }
       const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
