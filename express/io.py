@@ -46,6 +46,22 @@ def hugepage_buffer(nbytes: int) -> np.ndarray:
     return np.frombuffer(mm, np.uint8, count=nbytes, offset=start)  # keeps `mm` alive
 
 
+def read_resident(f, spans) -> list:
+    """Byte ranges `spans` ((name, offset, nbytes), ...) of the open file `f`, read side by side
+    (64-byte aligned) into one `hugepage_buffer`, as read-only uint8 arrays."""
+    sizes = [-(-n // 64) * 64 for _, _, n in spans]
+    mem, off, out = hugepage_buffer(sum(sizes)), 0, []
+    for (name, start, n), size in zip(spans, sizes):
+        f.seek(start)
+        if f.readinto(memoryview(mem[off:off + n])) != n:
+            raise ValueError(f"tensor {name!r} is cut short")
+        v = mem[off:off + n]
+        v.flags.writeable = False  # as a read-only map's
+        out.append(v)
+        off += size
+    return out
+
+
 def read_safetensors(path, resident=None) -> dict:
     """name -> read-only NumPy view into the memory-mapped safetensors file `path` (nothing is
     read until used; a tensor whose offset is not aligned to its item size is copied). Tensors
@@ -75,14 +91,9 @@ def read_safetensors(path, resident=None) -> dict:
                 raw = buf[8 + n + a:8 + n + b]
                 out[name] = (raw.view(dtype) if (8 + n + a) % dtype.itemsize == 0
                              else raw.copy().view(dtype)).reshape(info["shape"])
-            mem, off = hugepage_buffer(sum(-(-size // 64) * 64 for *_, size in read)), 0
-            for name, dtype, shape, start, size in read:
-                f.seek(start)
-                if f.readinto(memoryview(mem[off:off + size])) != size:
-                    raise ValueError(f"tensor {name!r} is cut short")
-                out[name] = mem[off:off + size].view(dtype).reshape(shape)
-                out[name].flags.writeable = False  # as the mapped ones
-                off += -(-size // 64) * 64
+            mem = read_resident(f, [(name, start, size) for name, _, _, start, size in read])
+            for (name, dtype, shape, _, _), raw in zip(read, mem):
+                out[name] = raw.view(dtype).reshape(shape)
         return out
     except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
         raise ModelError(f"{path!r} is not a valid safetensors file: {e}") from None

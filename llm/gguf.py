@@ -283,19 +283,18 @@ class GGUFFile:
             raise ModelError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
 
     def make_resident(self, names):
-        """Read tensors `names` from the file into one huge-page buffer (express.io.hugepage_buffer)
+        """Read tensors `names` from the file into one huge-page buffer (express.io.read_resident)
         instead of reading them through the map: the matrices every decode step streams."""
-        from express.io import hugepage_buffer
+        from express.io import read_resident
         infos = [self.tensors[n] for n in names]
-        mem, off = hugepage_buffer(sum(-(-t.data.nbytes // 64) * 64 for t in infos)), 0
+        spans = [(t.name, t.data.ctypes.data - self.mmap.ctypes.data, t.data.nbytes) for t in infos]
         with open(self.path, "rb") as f:
-            for t in infos:
-                f.seek(t.data.ctypes.data - self.mmap.ctypes.data)
-                if f.readinto(memoryview(mem[off:off + t.data.nbytes])) != t.data.nbytes:
-                    raise ModelError(f"{self.path}: tensor {t.name!r} is cut short")
-                t.data = mem[off:off + t.data.nbytes]
-                t.data.flags.writeable = False  # as the mapped ones
-                off += -(-t.data.nbytes // 64) * 64
+            try:
+                mem = read_resident(f, spans)
+            except ValueError as e:
+                raise ModelError(f"{self.path}: {e}") from None
+        for t, data in zip(infos, mem):
+            t.data = data
 
     def get(self, key, default=None):
         return self.metadata.get(key, default)
