@@ -218,13 +218,20 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
 
 /* ---- quantized linear: y[m, n] = x[m, k] @ dequant(W)[n, k]^T (+ bias[n]), x/y/bias float32 ----
  * W group-quantized (int8, or int4 as nibbles + 8), packed by express/ops/quant.py:
- * rows interleaved by 8 (n8 = n rounded up to 8), chunks of 32 values along k; scales float16
- * [n8 / 8][k / group][8] (byte layout in cext/kernels/qgemm.c).  group % 32 == 0 and
+ * rows interleaved by 16 (n16 = n rounded up to 16), chunks of 32 values along k; scales float16
+ * [n16 / 16][k / group][16] (byte layout in cext/kernels/qgemm.c).  group % 32 == 0 and
  * k % group == 0 (else EX_EINVAL); bias may be NULL.  x is rounded to int8 per 32 values (as
  * llama.cpp's Q8_0) and every block is an integer dot product (AVX-512 VNNI, AVX2 or portable
  * code, as ex_isa and the CPU allow).  x and y are contiguous. */
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y);
+/* count (1 .. 8) weights of the same bits and group that read the same x, in one call: x is
+ * quantized once and all their rows split over the pool in one pass (a decode step's q/k/v or
+ * gate/up projections).  y is [m, n[0] + ... + n[count - 1]], weight j's outputs in the columns
+ * after those of weights 0 .. j - 1; bias may be NULL, or an array whose entries may be NULL. */
+int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
+                   const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
+                   float *y);
 
 /* ---- GGUF-quantized linear: y[m, n] = x[m, k] @ W[n, k]^T (+ bias[n]), x/y/bias float32 ----
  * W: n rows of ggml blocks exactly as a GGUF file stores them (ex_ggml_row_bytes(type, k) bytes
@@ -235,6 +242,11 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 int64_t ex_ggml_row_bytes(int32_t type, int64_t k);   /* bytes of one row, or EX_EINVAL */
 int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, const void *w,
                  const float *bias, float *y);
+/* count (1 .. 8) weights of one type that read the same x, in one call (as ex_qgemm_multi): x is
+ * quantized once, y is [m, n[0] + ... + n[count - 1]], weight j's outputs after those of the
+ * weights before it; bias may be NULL, or an array whose entries may be NULL. */
+int ex_ggml_gemm_multi(int32_t type, int64_t m, int64_t k, const float *x, int32_t count, const int64_t *n,
+                       const void *const *w, const float *const *bias, float *y);
 
 /* ---- read bandwidth probe: the sum of p[0 .. n) as a double (0 for n <= 0) ----
  * Read on the pool as several prefetched streams a thread (cext/kernels/qgemm.c) with little

@@ -486,7 +486,7 @@ def _spm_merges(tokens, scores, types, vocab):
 # ---- a runnable model ----
 def _ggml_linear_class():
     from express.nn.module import Module
-    from express.ops.quant import ggml_linear
+    from express.ops.quant import ggml_linear, ggml_linear_many
     from express.tensor import as_tensor
 
     class GGUFLinear(Module):
@@ -500,6 +500,13 @@ def _ggml_linear_class():
 
         def forward(self, x):
             return ggml_linear(x, self.qweight, self.kind, self.bias)
+
+        def fuse_key(self):
+            return self.kind, self.in_features
+
+        @staticmethod
+        def many(x, layers):
+            return ggml_linear_many(x, [(m.qweight, m.bias) for m in layers], layers[0].kind)
     return GGUFLinear
 
 

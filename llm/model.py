@@ -27,6 +27,21 @@ def _linear(n_in, n_out, bias):
     return lin
 
 
+def project(x, *layers):
+    """[layer(x) for layer in layers]; packed layers of one kind and `fuse_key` (q/k/v, gate/up)
+    run as one kernel call (`many`), so a decode step quantizes x once and syncs the threads once."""
+    groups: dict = {}
+    for i, m in enumerate(layers):
+        key = (type(m), m.fuse_key()) if hasattr(m, "fuse_key") else i
+        groups.setdefault(key, []).append(i)
+    out = [None] * len(layers)
+    for idx in groups.values():
+        ys = type(layers[idx[0]]).many(x, [layers[i] for i in idx]) if len(idx) > 1 else [layers[idx[0]](x)]
+        for i, y in zip(idx, ys):
+            out[i] = y
+    return out
+
+
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, "tanh")}
 
 
@@ -52,9 +67,10 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, cache, pos, L):
         c = self.c
         T = x.shape[0]
-        q = self.q_proj(x).reshape(T, c.num_heads, c.head_dim)
-        k = self.k_proj(x).reshape(T, c.num_kv_heads, c.head_dim)
-        v = self.v_proj(x).reshape(T, c.num_kv_heads, c.head_dim)
+        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
+        q = q.reshape(T, c.num_heads, c.head_dim)
+        k = k.reshape(T, c.num_kv_heads, c.head_dim)
+        v = v.reshape(T, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = rope.apply(q, cos, sin, c.rotary_dim, c.rope_interleaved)
@@ -82,7 +98,7 @@ class MLP(nn.Module):
             f = gu.shape[-1] // 2
             g, u = gu[..., :f], gu[..., f:]
         else:
-            g, u = self.gate_proj(x), self.up_proj(x)
+            g, u = project(x, self.gate_proj, self.up_proj)
         return self.down_proj(self.act(g) * u)
 
 

@@ -50,6 +50,7 @@ enum { T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14
 #define GQ_PF 16384 /* bytes ahead of the weight stream to prefetch in the one-row (decode) loops */
 #define GQ_YB 64 /* rows of W whose prefill results are gathered before they go to y */
 #define GQ_LDB (GQ_YB + 4) /* the row stride of that buffer: not a power of two */
+#define GQ_MULTI_MAX 8 /* weights one ex_ggml_gemm_multi call takes */
 
 static int64_t block_values(int t) { return t == T_Q4_K || t == T_Q5_K || t == T_Q6_K ? 256 : 32; }
 
@@ -130,7 +131,8 @@ typedef struct {
   const uint8_t *w;
   int64_t row_bytes;
   const float *bias;
-  float *y;
+  float *y;    /* m x n, rows ldy apart (a column block of a wider y: ex_ggml_gemm_multi) */
+  int64_t ldy;
   int simd; /* 0 portable, 1 AVX2, 2 AVX-512 VNNI */
   /* prefill: the activations interleaved by lanes_group, or NULL: */
   const int8_t *lq;  /* [G][k / 32][t 8][row L][j 4] = q[L G + row][32b + 4t + j], L = 16 (VNNI) or 8 */
@@ -138,8 +140,10 @@ typedef struct {
   const void *ls;    /* sums of the codes (lanes_group) */
   const uint8_t *xu; /* one row of Q8_0 x for VNNI: its codes + 128, or NULL */
   const int32_t *xoff; /* one row of x for Q4_0 / Q5_0: -o * the codes' sum per block, or NULL */
-  _Atomic int64_t *next; /* the next chunk of rows to claim */
+  _Atomic int64_t *next; /* the next chunk of rows to claim (over all the weights of a call) */
   int64_t per; /* rows per chunk */
+  int64_t chunk0; /* the first chunk of this weight's rows, and the end of its chunks */
+  int64_t chunk1;
 } gq_ctx;
 
 /* ---- portable: one row of W against one row of x ---- */
@@ -213,7 +217,7 @@ static float dot_generic(const gq_ctx *c, const uint8_t *w, int64_t i) {
 static void rows_generic(const gq_ctx *c, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r++)
     for (int64_t i = 0; i < c->m; i++)
-      c->y[i * c->n + r] = dot_generic(c, c->w + r * c->row_bytes, i) + (c->bias ? c->bias[r] : 0.0f);
+      c->y[i * c->ldy + r] = dot_generic(c, c->w + r * c->row_bytes, i) + (c->bias ? c->bias[r] : 0.0f);
 }
 
 #if defined(__x86_64__)
@@ -343,20 +347,30 @@ static void rows(const gq_ctx *c, int64_t r0, int64_t r1, uint8_t *wq, float *wd
 }
 
 /* One per thread: claims chunks of c->per rows off a shared counter until none are left, so a
- * thread that is preempted or slow holds up the call by one small chunk at most. */
+ * thread that is preempted or slow holds up the call by one small chunk at most.  ctx: the
+ * weights of the call (gq_set), each owning a range of the chunks. */
+typedef struct {
+  const gq_ctx *c;
+  int32_t count;
+} gq_set;
+
 static void task(void *ctx, int64_t t0, int64_t t1) {
   (void)t0, (void)t1;
-  const gq_ctx *c = ctx;
+  const gq_set *set = ctx;
+  const gq_ctx *c0 = set->c;
   uint8_t *wq = NULL;
   float *wd = NULL, *yb = NULL;
-  if (c->lq) { /* no memory: the paths below rows_lanes need none */
-    wq = malloc((size_t)(GQ_RB * c->k));
-    wd = malloc(sizeof(float) * (size_t)(GQ_RB * 3 * (c->k / 32)));
-    yb = malloc(sizeof(float) * (size_t)(c->m * GQ_LDB));
+  if (c0->lq) { /* no memory: the paths below rows_lanes need none */
+    wq = malloc((size_t)(GQ_RB * c0->k));
+    wd = malloc(sizeof(float) * (size_t)(GQ_RB * 3 * (c0->k / 32)));
+    yb = malloc(sizeof(float) * (size_t)(c0->m * GQ_LDB));
   }
-  for (;;) {
-    const int64_t r0 = atomic_fetch_add_explicit(c->next, 1, memory_order_relaxed) * c->per;
-    if (r0 >= c->n) break;
+  for (int32_t j = 0;;) {
+    const int64_t t = atomic_fetch_add_explicit(c0->next, 1, memory_order_relaxed);
+    while (j < set->count && t >= set->c[j].chunk1) j++; /* chunks are claimed in increasing order */
+    if (j == set->count) break;
+    const gq_ctx *c = &set->c[j];
+    const int64_t r0 = (t - c->chunk0) * c->per;
     rows(c, r0, r0 + c->per < c->n ? r0 + c->per : c->n, wq, wd, yb);
   }
   free(wq), free(wd), free(yb);
@@ -367,9 +381,14 @@ int64_t ex_ggml_row_bytes(int32_t type, int64_t k) {
   return bb && k > 0 && k % block_values(type) == 0 ? k / block_values(type) * bb : EX_EINVAL;
 }
 
-int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, const void *w, const float *bias,
-                 float *y) {
-  if (ex_ggml_row_bytes(type, k) < 0 || m < 0 || n < 0) return EX_EINVAL;
+int ex_ggml_gemm_multi(int32_t type, int64_t m, int64_t k, const float *x, int32_t count, const int64_t *ns,
+                       const void *const *ws, const float *const *biases, float *y) {
+  if (ex_ggml_row_bytes(type, k) < 0 || m < 0 || count < 1 || count > GQ_MULTI_MAX) return EX_EINVAL;
+  int64_t n = 0; /* all the weights' rows: y's row stride */
+  for (int32_t j = 0; j < count; j++) {
+    if (ns[j] < 0) return EX_EINVAL;
+    n += ns[j];
+  }
   if (m == 0 || n == 0) return EX_OK;
   const int kt = block_values(type) == 256;
   int simd = 0;
@@ -394,8 +413,8 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
     free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
     return EX_ENOMEM;
   }
-  gq_ctx c = {.type = type, .m = m, .n = n, .k = k, .a = a, .w = w, .row_bytes = ex_ggml_row_bytes(type, k),
-              .bias = bias, .y = y, .simd = simd};
+  gq_ctx c = {.type = type, .m = m, .n = n, .k = k, .a = a, .row_bytes = ex_ggml_row_bytes(type, k), .y = y,
+              .ldy = n, .simd = simd};
   if (lq && ld) c.lq = lq, c.ld = ld, c.ls = ld + m8 * (k / 32); /* else the row kernels */
   /* the activations on the pool when there are several rows to quantize */
   gq_prep prep = {&c, x, L};
@@ -437,7 +456,21 @@ int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, 
     char pad[56];
   } next = {0};
   c.next = &next.v, c.per = per;
-  ex_parallel_for(nt > 1 ? nt : 1, 1, task, &c);
+  gq_ctx cs[GQ_MULTI_MAX];
+  int64_t col = 0, chunks = 0;
+  for (int32_t j = 0; j < count; j++) {
+    cs[j] = c;
+    cs[j].n = ns[j], cs[j].w = ws[j], cs[j].bias = biases ? biases[j] : NULL, cs[j].y = y + col;
+    cs[j].chunk0 = chunks, chunks += (ns[j] + per - 1) / per, cs[j].chunk1 = chunks;
+    col += ns[j];
+  }
+  gq_set set = {cs, count};
+  ex_parallel_for(nt > 1 ? nt : 1, 1, task, &set);
   free(a.q), free(a.d), free(a.bs), free(lq), free(ld), free(xu), free(xoff);
   return EX_OK;
+}
+
+int ex_ggml_gemm(int32_t type, int64_t m, int64_t n, int64_t k, const float *x, const void *w, const float *bias,
+                 float *y) {
+  return ex_ggml_gemm_multi(type, m, k, x, 1, &n, &w, bias ? &bias : NULL, y);
 }

@@ -54,6 +54,7 @@
 #define QG_PF_L2 16384
 #define QG_PF1 1024
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
 
 typedef struct {
   int32_t bits;
@@ -64,7 +65,8 @@ typedef struct {
   const uint8_t *wq;
   const uint16_t *scales; /* float16 */
   const float *bias;
-  float *y;
+  float *y;           /* m x n, rows ldy apart (a column block of a wider y: ex_qgemm_multi) */
+  int64_t ldy;
   int path;           /* QG_GENERIC, QG_AVX2 or QG_VNNI */
 } qg_ctx;
 
@@ -116,7 +118,7 @@ static void rows_generic(const qg_ctx *c, int64_t g0, int64_t g1) {
       }
       for (int r = 0; r < QG_ROWS; r++) {
         const int64_t row = R * QG_ROWS + r;
-        if (row < c->n) c->y[i * c->n + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f);
+        if (row < c->n) c->y[i * c->ldy + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f);
       }
     }
   }
@@ -138,7 +140,7 @@ AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, in
     _mm256_storeu_ps(out, acc[i]);
     for (int r = 0; r < 8; r++) {
       const int64_t row = H * 8 + r;
-      if (row < c->n) c->y[(i0 + i) * c->n + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
+      if (row < c->n) c->y[(i0 + i) * c->ldy + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
     }
   }
 }
@@ -298,7 +300,7 @@ VNNI_FN __attribute__((always_inline)) static inline void group_vnni(const qg_ct
   const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
   const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS) : _mm512_setzero_ps();
   for (int i = 0; i < MR; i++)
-    _mm512_mask_storeu_ps(c->y + (i0 + i) * c->n + R * QG_ROWS, mask, _mm512_add_ps(acc[i], bias));
+    _mm512_mask_storeu_ps(c->y + (i0 + i) * c->ldy + R * QG_ROWS, mask, _mm512_add_ps(acc[i], bias));
 }
 
 #define QG_GROUP_CASES(BITS)                                           \
@@ -424,11 +426,34 @@ static int qg_path(void) {
   return isa == EX_ISA_GENERIC ? QG_GENERIC : QG_AVX2;
 }
 
-int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
-             const void *scales, const float *bias, float *y) {
-  if ((bits != 4 && bits != 8) || m < 0 || n < 0 || k <= 0 || group <= 0 || group % 32 || k % group)
+/* several weights over one x: their row groups form one range split over the pool; an item
+ * runs the part of it in each weight it covers */
+typedef struct {
+  const qg_ctx *c;
+  const int64_t *first; /* count + 1 prefix sums of the weights' row groups */
+  int32_t count;
+} qg_multi;
+
+static void multi_task(void *ctx, int64_t g0, int64_t g1) {
+  const qg_multi *mu = ctx;
+  for (int32_t j = 0; j < mu->count; j++) {
+    const int64_t lo = g0 > mu->first[j] ? g0 : mu->first[j], hi = QG_MIN(g1, mu->first[j + 1]);
+    if (lo < hi) task((void *)&mu->c[j], lo - mu->first[j], hi - mu->first[j]);
+  }
+}
+
+int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
+                   const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
+                   float *y) {
+  if ((bits != 4 && bits != 8) || m < 0 || k <= 0 || group <= 0 || group % 32 || k % group || count < 1 ||
+      count > QG_MULTI_MAX)
     return EX_EINVAL;
-  if (m == 0 || n == 0) return EX_OK;
+  int64_t ldy = 0;
+  for (int32_t j = 0; j < count; j++) {
+    if (n[j] < 0) return EX_EINVAL;
+    ldy += n[j];
+  }
+  if (m == 0 || ldy == 0) return EX_OK;
   const int64_t nblk = m * (k / 32);
   int8_t *xq = malloc((size_t)(m * k));
   float *xs = malloc(sizeof(float) * (size_t)nblk);
@@ -445,13 +470,24 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
   else
 #endif
     quantize_rows(x, nblk, offset, xq, xs, xc);
-  qg_ctx c = {bits, m, n, k, group, xq, xs, xc, wq, scales, bias, y, path};
-  const int64_t groups = (n + QG_ROWS - 1) / QG_ROWS;
+  qg_ctx c[QG_MULTI_MAX];
+  int64_t first[QG_MULTI_MAX + 1] = {0}, col = 0;
+  for (int32_t j = 0; j < count; j++) {
+    c[j] = (qg_ctx){bits, m, n[j], k, group, xq, xs, xc, wq[j], scales[j], bias ? bias[j] : NULL, y + col, ldy, path};
+    col += n[j];
+    first[j + 1] = first[j] + (n[j] + QG_ROWS - 1) / QG_ROWS;
+  }
+  qg_multi mu = {c, first, count};
   /* at m = 1, 4 groups (64 rows) an item: 896 rows split 4:4 over two threads (8 groups an item
    * gave 4:3, and one thread alone for 128 rows; 12-14% slower on those two shapes) */
-  ex_parallel_for(groups, m == 1 ? 4 : path != QG_VNNI ? 2 : m >= QG_MR512 ? 1 : 8, task, &c);
+  ex_parallel_for(first[count], m == 1 ? 4 : path != QG_VNNI ? 2 : m >= QG_MR512 ? 1 : 8, multi_task, &mu);
   free(xq), free(xs), free(xc);
   return EX_OK;
+}
+
+int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
+             const void *scales, const float *bias, float *y) {
+  return ex_qgemm_multi(bits, m, k, group, x, 1, &n, &wq, &scales, bias ? &bias : NULL, y);
 }
 
 /* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.quant import dequantize_weight, qlinear, quantize_weight
+from ..ops.quant import dequantize_weight, qlinear, qlinear_many, quantize_weight
 from ..tensor import as_tensor
 from .layers import Linear
 from .module import Module
@@ -40,6 +40,18 @@ class QuantizedLinear(Module):
     def forward(self, x):
         return qlinear(x, self.qweight, self.scales, self.bias, bits=self.bits, group_size=self.group_size,
                        out_features=self.out_features)
+
+    def fuse_key(self):
+        """Layers of one key that read the same x can run as one kernel call (`many`)."""
+        return self.bits, self.group_size, self.in_features
+
+    @staticmethod
+    def many(x, layers):
+        """[layer(x) for layer in layers] (at most 8, of one `fuse_key`) as one kernel call
+        (`qlinear_many`: x quantized once, one pass over the threads)."""
+        a = layers[0]
+        return qlinear_many(x, [(m.qweight, m.scales, m.bias, m.out_features) for m in layers], bits=a.bits,
+                            group_size=a.group_size)
 
 
 def replace_linears(module: Module, fn, prefix: str = "") -> Module:

@@ -94,39 +94,67 @@ def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.nda
     return w[[where[r // ROWS] * ROWS + r % ROWS for r in rows]]
 
 
-def _qlinear_infer(x, qweight, scales, *bias, bits, group_size, n):
-    k = scales.shape[1] * group_size if scales.ndim == 3 else -1
-    G = scales.shape[0] if scales.ndim == 3 else -1
-    want = (G, k // 32, (32 if bits == 8 else 16) * ROWS)
-    if x.dtype is not dt.float32 or scales.dtype is not dt.float16:
-        raise DTypeError(f"qlinear: x must be float32 and scales float16, got {x.dtype.name} and {scales.dtype.name}")
-    if qweight.dtype is not (dt.int8 if bits == 8 else dt.uint8):
-        raise DTypeError(f"qlinear: {bits}-bit weights must be {'int8' if bits == 8 else 'uint8'}, "
-                         f"got {qweight.dtype.name}")
-    if qweight.shape != want or scales.shape[2:] != (ROWS,) or x.shape[-1:] != (k,) or x.ndim != 2 or not 0 < n <= ROWS * G:
-        raise ShapeError(f"qlinear: input {x.shape}, weight {qweight.shape} and scales {scales.shape} "
-                         f"(group {group_size}, {bits}-bit) do not match")
-    if bias and bias[0].shape != (n,):
-        raise ShapeError(f"qlinear: bias {bias[0].shape} does not match {n} outputs")
-    return (x.shape[0], n), dt.float32
+def _qlinear_infer(x, *ins, bits, group_size, ns, biased):
+    if x.dtype is not dt.float32 or x.ndim != 2:
+        raise DTypeError(f"qlinear: x must be 2-d float32, got {x.dtype.name} {x.shape}")
+    biases = iter(ins[2 * len(ns):])
+    for j, n in enumerate(ns):
+        qweight, scales = ins[2 * j], ins[2 * j + 1]
+        k = scales.shape[1] * group_size if scales.ndim == 3 else -1
+        G = scales.shape[0] if scales.ndim == 3 else -1
+        if scales.dtype is not dt.float16:
+            raise DTypeError(f"qlinear: scales must be float16, got {scales.dtype.name}")
+        if qweight.dtype is not (dt.int8 if bits == 8 else dt.uint8):
+            raise DTypeError(f"qlinear: {bits}-bit weights must be {'int8' if bits == 8 else 'uint8'}, "
+                             f"got {qweight.dtype.name}")
+        if (qweight.shape != (G, k // 32, (32 if bits == 8 else 16) * ROWS) or scales.shape[2:] != (ROWS,)
+                or x.shape[-1:] != (k,) or not 0 < n <= ROWS * G):
+            raise ShapeError(f"qlinear: input {x.shape}, weight {qweight.shape} and scales {scales.shape} "
+                             f"(group {group_size}, {bits}-bit) do not match")
+        if biased[j] and next(biases).shape != (n,):
+            raise ShapeError(f"qlinear: a bias does not match {n} outputs")
+    return (x.shape[0], sum(ns)), dt.float32
 
 
-def _qlinear_ref(x, qweight, scales, *bias, bits, group_size, n):
-    y = x @ dequantize_weight(qweight, scales, bits, group_size, n).T
-    return y + bias[0] if bias else y
+def _qlinear_ref(x, *ins, bits, group_size, ns, biased):
+    biases = iter(ins[2 * len(ns):])
+    ys = [x @ dequantize_weight(ins[2 * j], ins[2 * j + 1], bits, group_size, n).T for j, n in enumerate(ns)]
+    return np.concatenate([y + next(biases) if b else y for y, b in zip(ys, biased)], axis=1)
 
 
-def _qlinear_prepare(out, ins, bits, group_size, n):
-    x, q, s = ins[:3]
-    b = ffi.cast("float *", ptr(ins[3])) if len(ins) > 3 else ffi.NULL
+def _qlinear_prepare(out, ins, bits, group_size, ns, biased):
+    x, count = ins[0], len(ns)
+    biases = iter(ins[1 + 2 * count:])
+    keep = (ffi.new("int64_t[]", list(ns)),
+            ffi.new("void *[]", [ffi.cast("void *", ptr(ins[1 + 2 * j])) for j in range(count)]),
+            ffi.new("void *[]", [ffi.cast("void *", ptr(ins[2 + 2 * j])) for j in range(count)]),
+            ffi.new("float *[]", [ffi.cast("float *", ptr(next(biases))) if b else ffi.NULL for b in biased])
+            if any(biased) else ffi.NULL)
     m, k = x.shape
-    args = (bits, m, out.shape[1], k, group_size, ffi.cast("float *", ptr(x)), ffi.cast("void *", ptr(q)),
-            ffi.cast("void *", ptr(s)), b, ffi.cast("float *", ptr(out)))
-    return lambda: check(lib.ex_qgemm(*args), "qlinear")
+    args = (bits, m, k, group_size, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)),)
+    return lambda: check(lib.ex_qgemm_multi(*args), "qlinear")
 
 
 _QLINEAR = defop("qlinear", "kernel", _qlinear_infer, _qlinear_ref, prepare=_qlinear_prepare,
-                 contiguous=(0, 1, 2, 3))
+                 contiguous=range(1 + 3 * 8))  # x, up to 8 (qweight, scales) and 8 biases
+
+
+def _qlinear_node(x, weights, bits, group_size):
+    """One qlinear node over x (..., in) for [(qweight, scales, bias, out_features)]; the outputs
+    of the weights side by side, and the leading shape of x."""
+    x = as_tensor(x)
+    if x.dtype is not dt.float32:
+        x = astype(x, dt.float32)
+    lead = x.shape[:-1]
+    x2 = reshape(x, (-1, x.shape[-1])) if x.ndim != 2 else x
+    ins, biases, ns = [x2], [], []
+    for q, s, b, n in weights:
+        ins += [as_tensor(q), as_tensor(s)]
+        ns.append(int(n) if n is not None else ROWS * ins[-1].shape[0])
+        biases.append(b)
+    y = node(_QLINEAR, ins + [as_tensor(b) for b in biases if b is not None], bits=int(bits),
+             group_size=int(group_size), ns=tuple(ns), biased=tuple(b is not None for b in biases))
+    return y, lead
 
 
 def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_features: int | None = None):
@@ -138,48 +166,85 @@ def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_fe
     >>> qlinear(ex.ones((1, 32)), q, s, bits=8, group_size=32, out_features=30).shape
     (1, 30)
     """
-    x = as_tensor(x)
-    if x.dtype is not dt.float32:
-        x = astype(x, dt.float32)
-    lead = x.shape[:-1]
-    x2 = reshape(x, (-1, x.shape[-1])) if x.ndim != 2 else x
-    ins = [x2, as_tensor(qweight), as_tensor(scales)] + ([as_tensor(bias)] if bias is not None else [])
-    n = int(out_features) if out_features is not None else ROWS * ins[2].shape[0]
-    y = node(_QLINEAR, ins, bits=int(bits), group_size=int(group_size), n=n)
-    return reshape(y, lead + (y.shape[-1],)) if x.ndim != 2 else y
+    y, lead = _qlinear_node(x, [(qweight, scales, bias, out_features)], bits, group_size)
+    return reshape(y, lead + (y.shape[-1],)) if len(lead) != 1 else y
+
+
+def qlinear_many(x, weights, *, bits: int, group_size: int) -> list:
+    """`qlinear` of one x through several packed weights of the same bits and group size
+    ([(qweight, scales, bias or None, out_features)], at most 8) in one kernel call: x is quantized
+    once and every weight's rows split over the threads in one pass (a decode step's q/k/v or
+    gate/up projections). Returns one output per weight.
+
+    >>> import numpy as np, express as ex
+    >>> q, s = quantize_weight(np.eye(32, dtype=np.float32), bits=8, group_size=32)
+    >>> [y.shape for y in qlinear_many(ex.ones((2, 32)), [(q, s, None, 32), (q, s, None, 8)], bits=8, group_size=32)]
+    [(2, 32), (2, 8)]
+    """
+    if not 1 <= len(weights) <= 8:
+        raise ShapeError(f"qlinear_many: takes 1 to 8 weights, got {len(weights)}")
+    y, lead = _qlinear_node(x, weights, bits, group_size)
+    outs, c = [], 0
+    for n in y.attrs["ns"]:
+        outs.append(reshape(y[:, c:c + n], lead + (n,)) if len(lead) != 1 else y[:, c:c + n])
+        c += n
+    return outs
 
 
 # ---- weights in GGUF blocks, used in place ----
 GGML_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 
 
-def _ggml_infer(x, w, *bias, kind, k):
-    if x.dtype is not dt.float32 or w.dtype is not dt.uint8:
-        raise DTypeError(f"ggml_linear: x must be float32 and the blocks uint8, got {x.dtype.name} and {w.dtype.name}")
+def _ggml_infer(x, *ins, kind, k, count, biased):
+    if x.dtype is not dt.float32:
+        raise DTypeError(f"ggml_linear: x must be float32, got {x.dtype.name}")
     rb = int(lib.ex_ggml_row_bytes(GGML_TYPES[kind], k))
-    if rb < 0 or x.ndim != 2 or w.ndim != 2 or x.shape[1] != k or w.shape[1] != rb:
-        raise ShapeError(f"ggml_linear: input {x.shape} and {kind} blocks {w.shape} do not match "
-                         f"(k = {k} needs rows of {rb} bytes)")
-    if bias and bias[0].shape != (w.shape[0],):
-        raise ShapeError(f"ggml_linear: bias {bias[0].shape} does not match {w.shape[0]} outputs")
-    return (x.shape[0], w.shape[0]), dt.float32
+    biases = iter(ins[count:])
+    for w, b in zip(ins[:count], biased):
+        if w.dtype is not dt.uint8:
+            raise DTypeError(f"ggml_linear: the blocks must be uint8, got {w.dtype.name}")
+        if rb < 0 or w.ndim != 2 or w.shape[1] != rb:
+            raise ShapeError(f"ggml_linear: input {x.shape} and {kind} blocks {w.shape} do not match "
+                             f"(k = {k} needs rows of {rb} bytes)")
+        if b and next(biases).shape != (w.shape[0],):
+            raise ShapeError(f"ggml_linear: a bias does not match {w.shape[0]} outputs")
+    return (x.shape[0], sum(w.shape[0] for w in ins[:count])), dt.float32
 
 
-def _ggml_ref(x, w, *bias, kind, k):
+def _ggml_ref(x, *ins, kind, k, count, biased):
     from gguf import GGMLQuantizationType, quants
-    y = x @ quants.dequantize(np.asarray(w), GGMLQuantizationType[kind]).reshape(w.shape[0], k).T
-    return y + bias[0] if bias else y
+    biases, ys = iter(ins[count:]), []
+    for w, b in zip(ins[:count], biased):
+        y = x @ quants.dequantize(np.asarray(w), GGMLQuantizationType[kind]).reshape(w.shape[0], k).T
+        ys.append(y + next(biases) if b else y)
+    return np.concatenate(ys, axis=1)
 
 
-def _ggml_prepare(out, ins, kind, k):
-    x, w = ins[:2]
-    b = ffi.cast("float *", ptr(ins[2])) if len(ins) > 2 else ffi.NULL
-    args = (GGML_TYPES[kind], x.shape[0], w.shape[0], k, ffi.cast("float *", ptr(x)), ffi.cast("void *", ptr(w)), b,
-            ffi.cast("float *", ptr(out)))
-    return lambda: check(lib.ex_ggml_gemm(*args), "ggml_linear")
+def _ggml_prepare(out, ins, kind, k, count, biased):
+    x, biases = ins[0], iter(ins[1 + count:])
+    keep = (ffi.new("int64_t[]", [w.shape[0] for w in ins[1:1 + count]]),
+            ffi.new("void *[]", [ffi.cast("void *", ptr(w)) for w in ins[1:1 + count]]),
+            ffi.new("float *[]", [ffi.cast("float *", ptr(next(biases))) if b else ffi.NULL for b in biased])
+            if any(biased) else ffi.NULL)
+    args = (GGML_TYPES[kind], x.shape[0], k, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)),)
+    return lambda: check(lib.ex_ggml_gemm_multi(*args), "ggml_linear")
 
 
-_GGML_LINEAR = defop("ggml_linear", "kernel", _ggml_infer, _ggml_ref, prepare=_ggml_prepare, contiguous=(0, 1, 2))
+_GGML_LINEAR = defop("ggml_linear", "kernel", _ggml_infer, _ggml_ref, prepare=_ggml_prepare,
+                     contiguous=range(1 + 2 * 8))  # x, up to 8 weights and 8 biases
+
+
+def _ggml_node(x, weights, kind):
+    if kind not in GGML_TYPES:
+        raise DTypeError(f"ggml_linear: block type {kind!r} is not supported (supported: {', '.join(GGML_TYPES)})")
+    x = as_tensor(x)
+    if x.dtype is not dt.float32:
+        x = astype(x, dt.float32)
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = reshape(x, (-1, k)) if x.ndim != 2 else x
+    ins = [x2] + [as_tensor(w) for w, _ in weights] + [as_tensor(b) for _, b in weights if b is not None]
+    y = node(_GGML_LINEAR, ins, kind=kind, k=int(k), count=len(weights), biased=tuple(b is not None for _, b in weights))
+    return y, lead
 
 
 def ggml_linear(x, blocks, kind: str, bias=None):
@@ -195,14 +260,20 @@ def ggml_linear(x, blocks, kind: str, bias=None):
     >>> ggml_linear(ex.ones((2, 32)), w, "Q8_0").shape
     (2, 3)
     """
-    if kind not in GGML_TYPES:
-        raise DTypeError(f"ggml_linear: block type {kind!r} is not supported (supported: {', '.join(GGML_TYPES)})")
-    x = as_tensor(x)
-    if x.dtype is not dt.float32:
-        x = astype(x, dt.float32)
-    lead = x.shape[:-1]
-    k = x.shape[-1]
-    x2 = reshape(x, (-1, k)) if x.ndim != 2 else x
-    ins = [x2, as_tensor(blocks)] + ([as_tensor(bias)] if bias is not None else [])
-    y = node(_GGML_LINEAR, ins, kind=kind, k=int(k))
-    return reshape(y, lead + (y.shape[-1],)) if x.ndim != 2 else y
+    y, lead = _ggml_node(x, [(blocks, bias)], kind)
+    return reshape(y, lead + (y.shape[-1],)) if len(lead) != 1 else y
+
+
+def ggml_linear_many(x, weights, kind: str) -> list:
+    """`ggml_linear` of one x through several weights in blocks of the same type
+    ([(blocks, bias or None)], at most 8) in one kernel call: x is quantized once and all the
+    rows split over the threads in one pass. Returns one output per weight."""
+    if not 1 <= len(weights) <= 8:
+        raise ShapeError(f"ggml_linear_many: takes 1 to 8 weights, got {len(weights)}")
+    y, lead = _ggml_node(x, weights, kind)
+    outs, c = [], 0
+    for w, _ in weights:
+        n = w.shape[0]
+        outs.append(reshape(y[:, c:c + n], lead + (n,)) if len(lead) != 1 else y[:, c:c + n])
+        c += n
+    return outs

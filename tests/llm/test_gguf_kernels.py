@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q, quants
 
 import express as ex
-from express.ops.quant import ggml_linear
+from express.ops.quant import ggml_linear, ggml_linear_many
 
 rng = np.random.default_rng(0)
 BLOCK = {"Q4_0": (32, 18, [0]), "Q5_0": (32, 22, [0]), "Q8_0": (32, 34, [0]),
@@ -76,12 +76,34 @@ def test_ggml_linear_threads_and_batch_dims(threads, kind):
     np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kind", ["Q5_0", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("m", [1, 5, 21])
+def test_ggml_linear_many_matches_separate_layers(isa, threads, kind, m):
+    """Several weights of one type over one x in one call (q/k/v, gate/up): each output equals
+    the layer on its own, and llama.cpp's numerics."""
+    k = 512
+    ws = [(random_blocks(kind, n, k), rng.standard_normal(n).astype(np.float32) if n != 64 else None)
+          for n in (37, 64, 5)]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xa = (q8_k(x) if kind.endswith("_K") else q8_0(x)).astype(np.float64)
+    ys = ggml_linear_many(ex.asarray(x), ws, kind)
+    for y, (w, b) in zip(ys, ws):
+        y = y.numpy()
+        want = xa @ quants.dequantize(w, Q[kind]).reshape(len(w), k).astype(np.float64).T + (0 if b is None else b)
+        np.testing.assert_allclose(y, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        np.testing.assert_allclose(y, ggml_linear(ex.asarray(x), w, kind, b).numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ex.ShapeError, match="ggml_linear"):
+        ggml_linear_many(ex.asarray(x), [ws[0], (random_blocks(kind, 3, 2 * k), None)], kind)  # other k
+    with pytest.raises(ex.ShapeError, match="1 to 8"):
+        ggml_linear_many(ex.asarray(x), ws * 3, kind)
+
+
 def test_ggml_linear_reference_matches_kernel():
     w = random_blocks("Q4_K", 8, 256)
     x = rng.standard_normal((3, 256)).astype(np.float32)
     from express.ops.quant import _ggml_ref
-    np.testing.assert_allclose(ggml_linear(ex.asarray(x), w, "Q4_K").numpy(), _ggml_ref(x, w, kind="Q4_K", k=256),
-                               rtol=0, atol=3e-2 * np.abs(_ggml_ref(x, w, kind="Q4_K", k=256)).max())
+    np.testing.assert_allclose(ggml_linear(ex.asarray(x), w, "Q4_K").numpy(), _ggml_ref(x, w, kind="Q4_K", k=256, count=1, biased=(False,)),
+                               rtol=0, atol=3e-2 * np.abs(_ggml_ref(x, w, kind="Q4_K", k=256, count=1, biased=(False,))).max())
 
 
 def test_ggml_linear_bad_input():

@@ -11,7 +11,7 @@ import express as ex
 import express.nn as nn
 import llm
 from express.nn.quantized import QuantizedLinear
-from express.ops.quant import dequantize_weight, pack_weight, qlinear, quantize_weight
+from express.ops.quant import dequantize_weight, pack_weight, qlinear, qlinear_many, quantize_weight
 from llm.__main__ import main
 
 from conftest import FAMILIES
@@ -43,6 +43,59 @@ def test_qlinear_matches_reference(isa, bits, group, m, n):
     q, s = pack_weight(rng.choice([lo, hi], (n, 256)), rng.uniform(0.5, 1, (n, 256 // group)), bits, group)
     y = qlinear(ex.asarray(x), q, s, bits=bits, group_size=group, out_features=n).numpy()
     np.testing.assert_allclose(y, xr @ dequantize_weight(q, s, bits, group, n).T, atol=2e-3, rtol=1e-5)
+
+
+# several weights over one x in one call (a decode step's q/k/v, gate/up): row groups partial and
+# full, a bias on some only; their rows split over the threads together
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", [1, 5, 19])
+def test_qlinear_many_matches_separate_layers(isa, threads, bits, m):
+    rng = np.random.default_rng(bits + m)
+    k, ns = 128, (70, 16, 33)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    parts = []
+    for j, n in enumerate(ns):
+        q, s = quantize_weight(rng.standard_normal((n, k)).astype(np.float32), bits, 64)
+        parts.append((q, s, rng.standard_normal(n).astype(np.float32) if j != 1 else None, n))
+    ys = qlinear_many(ex.asarray(x), parts, bits=bits, group_size=64)
+    xq = x.reshape(m, -1, 32)
+    xs = np.abs(xq).max(-1, keepdims=True) / 127
+    xr = (np.rint(xq / np.where(xs > 0, xs, 1)) * xs).reshape(m, k)
+    for y, (q, s, b, n) in zip(ys, parts):
+        y = y.numpy()
+        assert y.shape == (m, n)
+        want = xr @ dequantize_weight(q, s, bits, 64, n).T + (0 if b is None else b)
+        np.testing.assert_allclose(y, want, atol=2e-4, rtol=1e-5)
+        # the same kernel on the same rounded x: equal to the layer on its own
+        np.testing.assert_array_equal(y, qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=64, out_features=n).numpy())
+    # a leading batch shape comes back on every output
+    ys = qlinear_many(ex.asarray(x.reshape(1, m, k)), parts, bits=bits, group_size=64)
+    assert [y.shape for y in ys] == [(1, m, n) for n in ns]
+
+
+def test_project_runs_layers_of_one_kind_as_one_call():
+    from llm.model import project
+    rng = np.random.default_rng(3)
+    lins = [nn.Linear(64, n) for n in (48, 16, 32)]
+    for lin in lins:
+        lin.weight = ex.asarray(rng.standard_normal(lin.weight.shape).astype(np.float32))
+    a, b, c = (QuantizedLinear.from_linear(lin, bits, 32) for lin, bits in zip(lins, (4, 8, 4)))
+    x = ex.asarray(rng.standard_normal((3, 64)).astype(np.float32))
+    ys = project(x, a, b, c)
+    assert ys[0].inputs[0] is ys[2].inputs[0] and ys[1].op.name == "qlinear"  # int4 pair fused, int8 alone
+    for y, layer in zip(ys, (a, b, c)):
+        np.testing.assert_array_equal(y.numpy(), layer(x).numpy())
+
+
+def test_qlinear_many_bad_input():
+    q, s = quantize_weight(np.ones((4, 64), np.float32), 4, 32)
+    q2, s2 = quantize_weight(np.ones((4, 128), np.float32), 4, 32)
+    with pytest.raises(ex.ShapeError, match="qlinear"):
+        qlinear_many(ex.ones((2, 64)), [(q, s, None, 4), (q2, s2, None, 4)], bits=4, group_size=32)
+    with pytest.raises(ex.ShapeError, match="1 to 8"):
+        qlinear_many(ex.ones((2, 64)), [(q, s, None, 4)] * 9, bits=4, group_size=32)
+    with pytest.raises(ex.ShapeError, match="bias"):
+        qlinear_many(ex.ones((2, 64)), [(q, s, None, 4), (q, s, np.ones(5, np.float32), 4)], bits=4, group_size=32)
 
 
 def test_quantize_weight_roundtrip_and_error_bounds():
