@@ -12,14 +12,17 @@ from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params
 from test_kernels import fp, rnd, vp  # the cffi pointer helpers of the kernel tests
 
 # m from just past the skinny path (16) across 12 panels of 14 rows (168) and beyond; n across
-# the 32-column panels and the 1024-column rule; B a view of a wider array (row stride > n)
+# the 32-column panels and the 1024-column rule; B a view of a wider array (row stride > n), or
+# with rows a multiple of 4 KB apart ("4k", which packs B instead)
 @pytest.mark.parametrize("m", [17, 29, 65, 168, 169, 250])
 @pytest.mark.parametrize("n,k", [(7, 1), (33, 16), (65, 515), (1025, 17), (1100, 40)])
-def test_matmul_b_in_place(m, n, k, isa, threads):
-    a, wide = rnd(m, k), rnd(k, n + 9)
+@pytest.mark.parametrize("ld", ["pad", "4k"])
+def test_matmul_b_in_place(m, n, k, ld, isa, threads):
+    ldb = n + 9 if ld == "pad" else -(-(n + 3) // 1024) * 1024
+    a, wide = rnd(m, k), rnd(k, ldb)
     b = wide[:, 3:3 + n]
     c = np.empty((m, n), np.float32)
-    assert lib.ex_matmul(lib.EX_F32, vp(a), k, 1, vp(b), n + 9, 1, vp(c), m, n, k, 0,
+    assert lib.ex_matmul(lib.EX_F32, vp(a), k, 1, vp(b), ldb, 1, vp(c), m, n, k, 0,
                          ffi.NULL, ffi.NULL, ffi.NULL) == 0
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 

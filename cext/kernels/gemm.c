@@ -406,9 +406,12 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
 #ifdef EX_AVX512
   /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
    * than packed: with up to 12 panels of A rows, or many columns, packing B cost as much as
-   * 10-30% of the products (measured on 1x1 convolutions, whose B is the input) */
+   * 10-30% of the products (measured on 1x1 convolutions, whose B is the input).  Not when its
+   * rows are a multiple of 4 KB apart: a micro-panel's KC rows then fall into a few cache sets
+   * (on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at 0.6 of the packed
+   * speed, and 80-160 x 4096 x 4096 at 0.65-0.8) */
   const int bdir = !g->bsh && !g->bpk && g->bdt == EX_F32 && g->bcs == 1 &&
-                   (i1 - i0 <= 12 * MR || g->n >= 1024);
+                   (i1 - i0 <= 12 * MR || g->n >= 1024) && g->brs % 1024;
   const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? UK_PF_BROW : 0);
   /* a small row-major A (its MC x KC block within L2, rows not a multiple of 2 KB apart, which
    * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
