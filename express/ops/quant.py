@@ -95,8 +95,8 @@ def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.nda
 
 
 def _qlinear_infer(x, *ins, bits, group_size, ns, biased):
-    if x.dtype is not dt.float32 or x.ndim != 2:
-        raise DTypeError(f"qlinear: x must be 2-d float32, got {x.dtype.name} {x.shape}")
+    if x.dtype is not dt.float32:
+        raise DTypeError(f"qlinear: x must be float32, got {x.dtype.name}")
     biases = iter(ins[2 * len(ns):])
     for j, n in enumerate(ns):
         qweight, scales = ins[2 * j], ins[2 * j + 1]
@@ -108,7 +108,7 @@ def _qlinear_infer(x, *ins, bits, group_size, ns, biased):
             raise DTypeError(f"qlinear: {bits}-bit weights must be {'int8' if bits == 8 else 'uint8'}, "
                              f"got {qweight.dtype.name}")
         if (qweight.shape != (G, k // 32, (32 if bits == 8 else 16) * ROWS) or scales.shape[2:] != (ROWS,)
-                or x.shape[-1:] != (k,) or not 0 < n <= ROWS * G):
+                or x.ndim != 2 or x.shape[1] != k or not 0 < n <= ROWS * G):
             raise ShapeError(f"qlinear: input {x.shape}, weight {qweight.shape} and scales {scales.shape} "
                              f"(group {group_size}, {bits}-bit) do not match")
         if biased[j] and next(biases).shape != (n,):
@@ -141,7 +141,7 @@ _QLINEAR = defop("qlinear", "kernel", _qlinear_infer, _qlinear_ref, prepare=_qli
 
 def _qlinear_node(x, weights, bits, group_size):
     """One qlinear node over x (..., in) for [(qweight, scales, bias, out_features)]; the outputs
-    of the weights side by side, and the leading shape of x."""
+    of the weights side by side, their widths, and the leading shape of x."""
     x = as_tensor(x)
     if x.dtype is not dt.float32:
         x = astype(x, dt.float32)
@@ -154,7 +154,18 @@ def _qlinear_node(x, weights, bits, group_size):
         biases.append(b)
     y = node(_QLINEAR, ins + [as_tensor(b) for b in biases if b is not None], bits=int(bits),
              group_size=int(group_size), ns=tuple(ns), biased=tuple(b is not None for b in biases))
-    return y, lead
+    return y, ns, lead
+
+
+def _outputs(y, ns, lead):
+    """The (rows, sum(ns)) output of a linear node over several weights as one tensor per weight
+    (column views; the whole node when there is one), each with x's leading shape."""
+    outs, c = [], 0
+    for n in ns:
+        part = y if len(ns) == 1 else y[:, c:c + n]
+        outs.append(reshape(part, lead + (n,)) if len(lead) != 1 else part)
+        c += n
+    return outs
 
 
 def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_features: int | None = None):
@@ -166,8 +177,7 @@ def qlinear(x, qweight, scales, bias=None, *, bits: int, group_size: int, out_fe
     >>> qlinear(ex.ones((1, 32)), q, s, bits=8, group_size=32, out_features=30).shape
     (1, 30)
     """
-    y, lead = _qlinear_node(x, [(qweight, scales, bias, out_features)], bits, group_size)
-    return reshape(y, lead + (y.shape[-1],)) if len(lead) != 1 else y
+    return _outputs(*_qlinear_node(x, [(qweight, scales, bias, out_features)], bits, group_size))[0]
 
 
 def qlinear_many(x, weights, *, bits: int, group_size: int) -> list:
@@ -183,12 +193,7 @@ def qlinear_many(x, weights, *, bits: int, group_size: int) -> list:
     """
     if not 1 <= len(weights) <= 8:
         raise ShapeError(f"qlinear_many: takes 1 to 8 weights, got {len(weights)}")
-    y, lead = _qlinear_node(x, weights, bits, group_size)
-    outs, c = [], 0
-    for n in y.attrs["ns"]:
-        outs.append(reshape(y[:, c:c + n], lead + (n,)) if len(lead) != 1 else y[:, c:c + n])
-        c += n
-    return outs
+    return _outputs(*_qlinear_node(x, weights, bits, group_size))
 
 
 # ---- weights in GGUF blocks, used in place ----
@@ -203,7 +208,7 @@ def _ggml_infer(x, *ins, kind, k, count, biased):
     for w, b in zip(ins[:count], biased):
         if w.dtype is not dt.uint8:
             raise DTypeError(f"ggml_linear: the blocks must be uint8, got {w.dtype.name}")
-        if rb < 0 or w.ndim != 2 or w.shape[1] != rb:
+        if rb < 0 or x.ndim != 2 or x.shape[1] != k or w.ndim != 2 or w.shape[1] != rb:
             raise ShapeError(f"ggml_linear: input {x.shape} and {kind} blocks {w.shape} do not match "
                              f"(k = {k} needs rows of {rb} bytes)")
         if b and next(biases).shape != (w.shape[0],):
@@ -244,7 +249,7 @@ def _ggml_node(x, weights, kind):
     x2 = reshape(x, (-1, k)) if x.ndim != 2 else x
     ins = [x2] + [as_tensor(w) for w, _ in weights] + [as_tensor(b) for _, b in weights if b is not None]
     y = node(_GGML_LINEAR, ins, kind=kind, k=int(k), count=len(weights), biased=tuple(b is not None for _, b in weights))
-    return y, lead
+    return y, [w.shape[0] for w in ins[1:1 + len(weights)]], lead
 
 
 def ggml_linear(x, blocks, kind: str, bias=None):
@@ -260,8 +265,7 @@ def ggml_linear(x, blocks, kind: str, bias=None):
     >>> ggml_linear(ex.ones((2, 32)), w, "Q8_0").shape
     (2, 3)
     """
-    y, lead = _ggml_node(x, [(blocks, bias)], kind)
-    return reshape(y, lead + (y.shape[-1],)) if len(lead) != 1 else y
+    return _outputs(*_ggml_node(x, [(blocks, bias)], kind))[0]
 
 
 def ggml_linear_many(x, weights, kind: str) -> list:
@@ -270,10 +274,4 @@ def ggml_linear_many(x, weights, kind: str) -> list:
     rows split over the threads in one pass. Returns one output per weight."""
     if not 1 <= len(weights) <= 8:
         raise ShapeError(f"ggml_linear_many: takes 1 to 8 weights, got {len(weights)}")
-    y, lead = _ggml_node(x, weights, kind)
-    outs, c = [], 0
-    for w, _ in weights:
-        n = w.shape[0]
-        outs.append(reshape(y[:, c:c + n], lead + (n,)) if len(lead) != 1 else y[:, c:c + n])
-        c += n
-    return outs
+    return _outputs(*_ggml_node(x, weights, kind))

@@ -96,6 +96,11 @@ def test_ggml_linear_many_matches_separate_layers(isa, threads, kind, m):
         ggml_linear_many(ex.asarray(x), [ws[0], (random_blocks(kind, 3, 2 * k), None)], kind)  # other k
     with pytest.raises(ex.ShapeError, match="1 to 8"):
         ggml_linear_many(ex.asarray(x), ws * 3, kind)
+    # the node checks x against k itself (the kernel reads k values a row)
+    from express.ops.quant import _GGML_LINEAR
+    from express.tensor import node
+    with pytest.raises(ex.ShapeError, match="ggml_linear"):
+        node(_GGML_LINEAR, [ex.asarray(x[:, :32]), ex.asarray(ws[0][0])], kind=kind, k=k, count=1, biased=(False,))
 
 
 def test_ggml_linear_reference_matches_kernel():

@@ -96,6 +96,10 @@ def test_qlinear_many_bad_input():
         qlinear_many(ex.ones((2, 64)), [(q, s, None, 4)] * 9, bits=4, group_size=32)
     with pytest.raises(ex.ShapeError, match="bias"):
         qlinear_many(ex.ones((2, 64)), [(q, s, None, 4), (q, s, np.ones(5, np.float32), 4)], bits=4, group_size=32)
+    from express.ops.quant import _QLINEAR
+    from express.tensor import node
+    with pytest.raises(ex.ShapeError, match="qlinear"):  # x must be 2-d (rows, k)
+        node(_QLINEAR, [ex.ones((1, 2, 64)), ex.asarray(q), ex.asarray(s)], bits=4, group_size=32, ns=(4,), biased=(False,))
 
 
 def test_quantize_weight_roundtrip_and_error_bounds():
