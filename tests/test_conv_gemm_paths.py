@@ -27,6 +27,24 @@ def test_matmul_b_in_place(m, n, k, ld, isa, threads):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
+
+# deep products with a C of 4 MB or more (past L2, read and written once per K block) take K
+# blocks of up to 1024 under the AVX-512 kernel: k of 2048 (two blocks) and 2100 (three, 704 long);
+# C starts 16 bytes past a 64-byte line, so each tile row spans one more line than it holds
+@pytest.mark.parametrize("k", [2048, 2100])
+def test_matmul_deep_large_c(k, isa, threads):
+    m = n = 1024
+    a, b = rnd(m, k), rnd(k, n)
+    c = np.empty(m * n + 20, np.float32)[4:4 + m * n].reshape(m, n)
+    assert lib.ex_matmul(lib.EX_F32, vp(a), k, 1, vp(b), n, 1, vp(c), m, n, k, 0, ffi.NULL, ffi.NULL, ffi.NULL) == 0
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    # and with the epilogue (bias per column, residual, ReLU) applied after the last K block
+    w, bias, res = rnd(n, k), rnd(n), rnd(m, n)
+    assert lib.ex_linear(fp(a), vp(w), lib.EX_F32, fp(bias), fp(res), fp(c), m, n, k, lib.EX_ACT_RELU) == 0
+    ref = np.maximum(a.astype(np.float64) @ w.T + bias + res, 0)
+    np.testing.assert_allclose(c, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 # A read in place (small row-major A; rows not 2 KB apart): row counts across the 14-row panels,
 # depths across one and two K blocks (k > 512), A a view with row stride k + pad, or k rounded up
 # to a multiple of 512 floats ("2k": rows 2 KB apart, which packs A instead)

@@ -39,9 +39,23 @@
 
 /* the K block length for a product of depth k: at most KC, blocks balanced (k = 576 runs as two
  * blocks of 288 rather than 512 + 64); a multiple of 8 but for the last block */
-static inline int64_t kc_step(int64_t k) {
-  const int64_t nb = (k + KC - 1) / KC;
-  return EX_MIN(KC, ROUND_UP((k + nb - 1) / nb, 8));
+static inline int64_t kc_blocks(int64_t k, int64_t cap) {
+  const int64_t nb = (k + cap - 1) / cap;
+  return EX_MIN(cap, ROUND_UP((k + nb - 1) / nb, 8));
+}
+static inline int64_t kc_step(int64_t k) { return kc_blocks(k, KC); }
+
+/* the K block of a product with neither operand pre-packed (pre-packed ones keep kc_step, their
+ * format).  C is read and written once per K block, so a deep product whose C (4 MB or more) is
+ * past L2 takes blocks of up to 2 KC under the AVX-512 kernel: 2048- and 4096-square products
+ * ran 4-5% faster at 1 and 2 threads (1024-square, 2 blocks of 512, ran slower as one of 1024) */
+static inline int64_t kc_for(int64_t m, int64_t n, int64_t k) {
+#ifdef EX_AVX512
+  if (k >= 4 * KC && m * n >= ((int64_t)1 << 20)) return kc_blocks(k, 2 * KC);
+#else
+  (void)m, (void)n;
+#endif
+  return kc_step(k);
 }
 
 /* columns per block of B packed by sgemm_range for K blocks of kc and `rows` rows of A: with
@@ -306,7 +320,12 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+  /* both ends of each C row: a row not 64-byte aligned spans two lines, and a second line left to
+   * a demand miss at the end cost 2048-square products a quarter of their speed */
+  for (int i = 0; i < MR; i++) {
+    _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
+  }
 #define ROW(i, r0, r1)                                   \
   av = _mm256_broadcast_ss(a + i);                       \
   r0 = _mm256_fmadd_ps(av, b0, r0);                      \
@@ -383,13 +402,14 @@ typedef struct {
   int64_t rg;    /* row ranges are whole multiples of rg rows (MR, or MC: no partial MC blocks) */
   const float *bsh; /* NULL, or one packed (sh_jc, sh_pc) block of B shared by the threads */
   int64_t sh_jc, sh_nc, sh_pc;
+  int64_t ks;    /* the K block length */
   _Atomic int err;
 } sg_ctx;
 
 /* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] (+ epilogue) */
 static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const int64_t k = g->k, ldc = g->ldc;
-  const int64_t ks = kc_step(k), kmax = EX_MIN(ks, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
+  const int64_t ks = g->ks, kmax = EX_MIN(ks, k), mmax = EX_MIN(MC, ROUND_UP(i1 - i0, MR)),
                 nmax = EX_MIN(NC, ROUND_UP(j1 - j0, NR));
   /* packing buffers: per thread, kept between calls (small products pay no allocation) */
   static _Thread_local float *tl_ap, *tl_bp;
@@ -446,15 +466,16 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             const int64_t mr = EX_MIN(MR, mc - ir);
             float *c = g->c + (ic + ir) * ldc + jc + jr;
             const float *pa = adir ? apc + ir * g->ars : apc + ir * kc, *pb = bdir ? bpc + jr : bpc + jr * kc;
-            /* the next tile's C rows (for writing: only a C past L2 is not still in cache) and
-             * residual rows, fetched while the micro-kernel runs: its mr rows are too many streams
-             * for the hardware prefetcher */
-            if ((pc == 0 && pf_c) || (last && g->ep->res)) {
+            /* the next tile's C rows (a C past L2 is not still in cache: written by the first K
+             * block, read and written by the later ones; fetching them for the later ones too ran
+             * 2048/4096-square products 3-5% faster) and residual rows, fetched while the
+             * micro-kernel runs: its mr rows are too many streams for the hardware prefetcher */
+            if (pf_c || (last && g->ep->res)) {
               const int64_t nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
               if (njr < nc)
                 for (int64_t i = 0, nmr = EX_MIN(MR, mc - nir), nnr = EX_MIN(NR, nc - njr); i < nmr; i++) {
                   const float *cn = g->c + (ic + nir + i) * ldc + jc + njr;
-                  if (pc == 0 && pf_c) {
+                  if (pf_c) {
                     __builtin_prefetch(cn, 1, 3);
                     __builtin_prefetch(cn + nnr - 1, 1, 3);
                   }
@@ -764,7 +785,8 @@ static int sgemm_ep(const float *a, int64_t ars, int64_t acs, const void *b, int
 static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs, const void *b,
                      const float *bpk, int32_t bdt, int64_t brs, int64_t bcs, float *c, int64_t ldc,
                      int64_t m, int64_t n, int64_t k, const epi_t *ep) {
-  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, bpk, 1, 1, MR, NULL, 0, 0, 0, 0};
+  sg_ctx g = {a, b, bdt, c, ars, acs, brs, bcs, ldc, m, n, k, ep, apk, bpk, 1, 1, MR, NULL, 0, 0, 0,
+              apk || bpk ? kc_step(k) : kc_for(m, n, k), 0};
   const int nt = ex_pool_width();
   const double work = (double)m * n * k;
   if (nt > 1 && work >= 1048576.0) {
@@ -785,7 +807,7 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
        * packing (and streaming) all of B */
       static _Thread_local float *sh;
       static _Thread_local size_t shn;
-      const int64_t ks = kc_step(k);
+      const int64_t ks = g.ks;
       const size_t need = (size_t)ROUND_UP(EX_MIN(NC, ROUND_UP(n, NR)) * EX_MIN(ks, k) * 4, 64);
       if (need > shn) { free(sh); sh = aligned_alloc(64, need); shn = sh ? need : 0; }
       if (!sh) return EX_ENOMEM;
