@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-import express as ex
+import express.nn.functional as F
 from express import ModelError
 
 from .config import ModelConfig
@@ -42,15 +42,6 @@ def tables(cfg: ModelConfig, n: int):
 
 
 def apply(x, cos, sin, rotary_dim: int, interleaved: bool):
-    """Rotate x (T, heads, head_dim) by cos/sin (T, 1, rotary_dim // 2)."""
-    hd = x.shape[-1]
-    rot, rest = (x, None) if rotary_dim == hd else (x[..., :rotary_dim], x[..., rotary_dim:])
-    half = rotary_dim // 2
-    if interleaved:
-        pairs = rot.reshape(x.shape[:-1] + (half, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = ex.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(x.shape[:-1] + (rotary_dim,))
-    else:
-        a, b = rot[..., :half], rot[..., half:]
-        out = ex.concat([a * cos - b * sin, b * cos + a * sin], axis=-1)
-    return out if rest is None else ex.concat([out, rest], axis=-1)
+    """Rotate x (T, heads, head_dim) by cos/sin (T, 1, rotary_dim // 2) (`F.apply_rotary`: one
+    kernel per rotation)."""
+    return F.apply_rotary(x, cos, sin, traditional=interleaved)

@@ -91,3 +91,24 @@ def test_rope_matches_numpy(traditional):
     np.testing.assert_allclose(lazy, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ex.ShapeError, match="rope"):
         F.rope(x, dims=5)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("d", [8, 4])
+def test_apply_rotary_matches_numpy(traditional, d):
+    # x (T, heads, 8) as the column view of a wider projection output (rows 40 floats apart), cos/sin
+    # (T, 1, d/2) broadcast over the heads; eager and through a compiled plan (the swapped halves
+    # are a flipped view: negative strides reach the elementwise kernel)
+    wide = rng.standard_normal((3, 40)).astype(np.float32)
+    ang = rng.uniform(-3, 3, (3, 1, d // 2))
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    x = wide[:, 4:36].reshape(3, 4, 8)
+    want = x.astype(np.float64).copy()
+    i, j = (np.arange(0, d, 2), np.arange(1, d, 2)) if traditional else (np.arange(d // 2), np.arange(d // 2, d))
+    a, b = x[..., i], x[..., j]
+    want[..., i], want[..., j] = a * c - b * s, b * c + a * s
+    rot = lambda w: F.apply_rotary(ex.asarray(w)[:, 4:36].reshape(3, 4, 8), c, s, traditional)  # noqa: E731
+    np.testing.assert_allclose(rot(wide).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ex.compile(rot)(wide).numpy(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ex.ShapeError, match="apply_rotary"):
+        F.apply_rotary(x, np.ones((3, 1, 5), np.float32), np.ones((3, 1, 5), np.float32))

@@ -290,6 +290,32 @@ def scaled_dot_product_attention(q, k, v, mask=None, is_causal: bool = False, sc
     return squeeze(y, 0) if three else y
 
 
+def apply_rotary(x, cos, sin, traditional: bool = False):
+    """Rotate the first d = 2 * cos.shape[-1] features of x (..., D) by angles whose cos/sin are
+    given (broadcastable against x[..., :d // 2]): the two halves rotate together (Llama / Hugging
+    Face layout), or adjacent pairs with `traditional=True`. The rest of x passes through.
+
+    One elementwise kernel: x viewed as its two halves (or its pairs) times cos, plus the same view
+    with the halves swapped (a flip: a view, no copy) times (-sin, sin).
+
+    >>> import numpy as np, express as ex, express.nn.functional as F
+    >>> F.apply_rotary(ex.asarray([[1.0, 0.0]]), ex.asarray([[0.0]]), ex.asarray([[1.0]])).numpy()
+    array([[0., 1.]], dtype=float32)
+    """
+    from ..ops.shape import concat, flip, stack
+    x, cos, sin = as_tensor(x), as_tensor(cos), as_tensor(sin)
+    D, half = x.shape[-1], cos.shape[-1]
+    if sin.shape != cos.shape or 2 * half > D:
+        raise ShapeError(f"apply_rotary: cos {cos.shape} and sin {sin.shape} must match, rotating at most the "
+                         f"last axis of x {x.shape} (2 * {half} features)")
+    rot = x if 2 * half == D else x[..., :2 * half]
+    ax = -1 if traditional else -2  # the axis of a pair: (half, 2) or (2, half)
+    r = reshape(rot, rot.shape[:-1] + ((half, 2) if traditional else (2, half)))
+    out = r * expand_dims(cos, ax) + flip(r, axis=ax) * stack([-sin, sin], axis=ax)
+    out = reshape(out, rot.shape)
+    return out if 2 * half == D else concat([out, x[..., 2 * half:]], axis=-1)
+
+
 def rope(x, offset=0, base: float = 10000.0, dims: int | None = None, traditional: bool = False, max_positions: int = 8192):
     """Rotary position embedding over the last axis of x (..., T, D): position `offset + t` rotates
     the first `dims` (default D) features by angles p * base^(-2i/dims). The two halves rotate
@@ -304,7 +330,7 @@ def rope(x, offset=0, base: float = 10000.0, dims: int | None = None, traditiona
 
     from .. import dtypes as dt
     from ..ops.elementwise import astype
-    from ..ops.shape import concat, reshape, take
+    from ..ops.shape import take
     from ..ops.creation import arange
     from ..tensor import Tensor
     x = as_tensor(x)
@@ -322,12 +348,4 @@ def rope(x, offset=0, base: float = 10000.0, dims: int | None = None, traditiona
     ang = np.outer(np.arange(n, dtype=np.float64), inv)
     cos = take(as_tensor(np.cos(ang).astype(np.float32)), pos, axis=0)  # (T, d/2)
     sin = take(as_tensor(np.sin(ang).astype(np.float32)), pos, axis=0)
-    rot, rest = x[..., :d], x[..., d:]
-    if traditional:
-        pairs = reshape(rot, rot.shape[:-1] + (d // 2, 2))
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = reshape(concat([(a * cos - b * sin)[..., None], (b * cos + a * sin)[..., None]], axis=-1), rot.shape)
-    else:
-        a, b = rot[..., : d // 2], rot[..., d // 2:]
-        out = concat([a * cos - b * sin, b * cos + a * sin], axis=-1)
-    return out if d == D else concat([out, rest], axis=-1)
+    return apply_rotary(x, cos, sin, traditional)
