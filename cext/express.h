@@ -228,10 +228,11 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 /* count (1 .. 8) weights of the same bits and group that read the same x, in one call: x is
  * quantized once and all their rows split over the pool in one pass (a decode step's q/k/v or
  * gate/up projections).  y is [m, n[0] + ... + n[count - 1]], weight j's outputs in the columns
- * after those of weights 0 .. j - 1; bias may be NULL, or an array whose entries may be NULL. */
+ * after those of weights 0 .. j - 1; bias and res may be NULL, or arrays whose entries may be NULL:
+ * res[j] (contiguous, m x n[j]) is added to weight j's outputs (a residual, as the last step). */
 int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
                    const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
-                   float *y);
+                   const float *const *res, float *y);
 
 /* ---- GGUF-quantized linear: y[m, n] = x[m, k] @ W[n, k]^T (+ bias[n]), x/y/bias float32 ----
  * W: n rows of ggml blocks exactly as a GGUF file stores them (ex_ggml_row_bytes(type, k) bytes

@@ -1,4 +1,4 @@
-/* ex_qgemm: y = x @ dequant(W)^T (+ bias) with int8 or int4 group-quantized W (low-memory mode:
+/* ex_qgemm: y = x @ dequant(W)^T (+ bias) (+ res) with int8 or int4 group-quantized W (low-memory mode:
  * W stays packed and is expanded only in registers).
  *
  * Packed layout, interleaved by 16 rows (n16 = n rounded up to 16; padding rows are zero):
@@ -65,6 +65,7 @@ typedef struct {
   const uint8_t *wq;
   const uint16_t *scales; /* float16 */
   const float *bias;
+  const float *res;   /* NULL, or m x n added to y (a residual), row stride n */
   float *y;           /* m x n, rows ldy apart (a column block of a wider y: ex_qgemm_multi) */
   int64_t ldy;
   int path;           /* QG_GENERIC, QG_AVX2 or QG_VNNI */
@@ -118,7 +119,8 @@ static void rows_generic(const qg_ctx *c, int64_t g0, int64_t g1) {
       }
       for (int r = 0; r < QG_ROWS; r++) {
         const int64_t row = R * QG_ROWS + r;
-        if (row < c->n) c->y[i * c->ldy + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f);
+        if (row < c->n)
+          c->y[i * c->ldy + row] = acc[r] + (c->bias ? c->bias[row] : 0.0f) + (c->res ? c->res[i * c->n + row] : 0.0f);
       }
     }
   }
@@ -133,14 +135,17 @@ AVX2_FN static inline __m256i bcast4(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
-/* y columns 8H .. 8H + 7 of the mr rows of x from i0: the 8 lanes of each accumulator, plus bias */
+/* y columns 8H .. 8H + 7 of the mr rows of x from i0: the 8 lanes of each accumulator, plus bias
+ * and residual */
 AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, int64_t i0, int mr) {
   for (int i = 0; i < mr; i++) {
     float out[8];
     _mm256_storeu_ps(out, acc[i]);
     for (int r = 0; r < 8; r++) {
       const int64_t row = H * 8 + r;
-      if (row < c->n) c->y[(i0 + i) * c->ldy + row] = out[r] + (c->bias ? c->bias[row] : 0.0f);
+      if (row < c->n)
+        c->y[(i0 + i) * c->ldy + row] =
+            out[r] + (c->bias ? c->bias[row] : 0.0f) + (c->res ? c->res[(i0 + i) * c->n + row] : 0.0f);
     }
   }
 }
@@ -299,8 +304,11 @@ VNNI_FN __attribute__((always_inline)) static inline void group_vnni(const qg_ct
   }
   const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
   const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS) : _mm512_setzero_ps();
-  for (int i = 0; i < MR; i++)
-    _mm512_mask_storeu_ps(c->y + (i0 + i) * c->ldy + R * QG_ROWS, mask, _mm512_add_ps(acc[i], bias));
+  for (int i = 0; i < MR; i++) {
+    __m512 y = _mm512_add_ps(acc[i], bias);
+    if (c->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->res + (i0 + i) * c->n + R * QG_ROWS));
+    _mm512_mask_storeu_ps(c->y + (i0 + i) * c->ldy + R * QG_ROWS, mask, y);
+  }
 }
 
 #define QG_GROUP_CASES(BITS)                                           \
@@ -379,6 +387,7 @@ VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
     const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
     __m512 y = _mm512_add_ps(acc[0], acc[1]);
     if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS));
+    if (c->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->res + R * QG_ROWS));
     _mm512_mask_storeu_ps(c->y + R * QG_ROWS, mask, y);
   }
 }
@@ -444,7 +453,7 @@ static void multi_task(void *ctx, int64_t g0, int64_t g1) {
 
 int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
                    const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
-                   float *y) {
+                   const float *const *res, float *y) {
   if ((bits != 4 && bits != 8) || m < 0 || k <= 0 || group <= 0 || group % 32 || k % group || count < 1 ||
       count > QG_MULTI_MAX)
     return EX_EINVAL;
@@ -473,7 +482,8 @@ int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const floa
   qg_ctx c[QG_MULTI_MAX];
   int64_t first[QG_MULTI_MAX + 1] = {0}, col = 0;
   for (int32_t j = 0; j < count; j++) {
-    c[j] = (qg_ctx){bits, m, n[j], k, group, xq, xs, xc, wq[j], scales[j], bias ? bias[j] : NULL, y + col, ldy, path};
+    c[j] = (qg_ctx){bits, m, n[j], k, group, xq, xs, xc, wq[j], scales[j], bias ? bias[j] : NULL,
+                    res ? res[j] : NULL, y + col, ldy, path};
     col += n[j];
     first[j + 1] = first[j] + (n[j] + QG_ROWS - 1) / QG_ROWS;
   }
@@ -487,7 +497,7 @@ int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const floa
 
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y) {
-  return ex_qgemm_multi(bits, m, k, group, x, 1, &n, &wq, &scales, bias ? &bias : NULL, y);
+  return ex_qgemm_multi(bits, m, k, group, x, 1, &n, &wq, &scales, bias ? &bias : NULL, NULL, y);
 }
 
 /* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----

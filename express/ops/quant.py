@@ -94,7 +94,7 @@ def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.nda
     return w[[where[r // ROWS] * ROWS + r % ROWS for r in rows]]
 
 
-def _qlinear_infer(x, *ins, bits, group_size, ns, biased):
+def _qlinear_infer(x, *ins, bits, group_size, ns, biased, has_res=False):
     if x.dtype is not dt.float32:
         raise DTypeError(f"qlinear: x must be float32, got {x.dtype.name}")
     biases = iter(ins[2 * len(ns):])
@@ -113,30 +113,36 @@ def _qlinear_infer(x, *ins, bits, group_size, ns, biased):
                              f"(group {group_size}, {bits}-bit) do not match")
         if biased[j] and next(biases).shape != (n,):
             raise ShapeError(f"qlinear: a bias does not match {n} outputs")
+    if has_res and (len(ns) != 1 or ins[-1].shape != (x.shape[0], ns[0]) or ins[-1].dtype is not dt.float32):
+        raise ShapeError(f"qlinear: a residual {ins[-1].shape} ({ins[-1].dtype.name}) must be float32 of the "
+                         f"output's shape {(x.shape[0], sum(ns))}, with one weight")
     return (x.shape[0], sum(ns)), dt.float32
 
 
-def _qlinear_ref(x, *ins, bits, group_size, ns, biased):
+def _qlinear_ref(x, *ins, bits, group_size, ns, biased, has_res=False):
     biases = iter(ins[2 * len(ns):])
     ys = [x @ dequantize_weight(ins[2 * j], ins[2 * j + 1], bits, group_size, n).T for j, n in enumerate(ns)]
-    return np.concatenate([y + next(biases) if b else y for y, b in zip(ys, biased)], axis=1)
+    y = np.concatenate([y + next(biases) if b else y for y, b in zip(ys, biased)], axis=1)
+    return y + ins[-1] if has_res else y
 
 
-def _qlinear_prepare(out, ins, bits, group_size, ns, biased):
+def _qlinear_prepare(out, ins, bits, group_size, ns, biased, has_res=False):
     x, count = ins[0], len(ns)
     biases = iter(ins[1 + 2 * count:])
     keep = (ffi.new("int64_t[]", list(ns)),
             ffi.new("void *[]", [ffi.cast("void *", ptr(ins[1 + 2 * j])) for j in range(count)]),
             ffi.new("void *[]", [ffi.cast("void *", ptr(ins[2 + 2 * j])) for j in range(count)]),
             ffi.new("float *[]", [ffi.cast("float *", ptr(next(biases))) if b else ffi.NULL for b in biased])
-            if any(biased) else ffi.NULL)
+            if any(biased) else ffi.NULL,
+            ffi.new("float *[]", [ffi.cast("float *", ptr(ins[-1]))]) if has_res else ffi.NULL)
     m, k = x.shape
     args = (bits, m, k, group_size, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)),)
     return lambda: check(lib.ex_qgemm_multi(*args), "qlinear")
 
 
+# a residual (has_res, one weight only) is set by the planner's epilogue fusion (express/fusion.py)
 _QLINEAR = defop("qlinear", "kernel", _qlinear_infer, _qlinear_ref, prepare=_qlinear_prepare,
-                 contiguous=range(1 + 3 * 8))  # x, up to 8 (qweight, scales) and 8 biases
+                 contiguous=range(2 + 3 * 8))  # x, up to 8 (qweight, scales), 8 biases and a residual
 
 
 def _qlinear_node(x, weights, bits, group_size):

@@ -73,6 +73,41 @@ def test_qlinear_many_matches_separate_layers(isa, threads, bits, m):
     assert [y.shape for y in ys] == [(1, m, n) for n in ns]
 
 
+
+# a residual add after a one-weight qlinear of up to 16 rows (a decode step's o_proj / down_proj
+# into h) becomes the kernel's residual input: the plan has no add step left, and the sum is
+# NumPy's; a qlinear over several weights keeps its add
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_qlinear_takes_the_residual_add(isa, threads, bits, m):
+    rng = np.random.default_rng(bits * m)
+    k, n = 128, 70
+    x, r = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    q, s = quantize_weight(rng.standard_normal((n, k)).astype(np.float32), bits, 64)
+    b = rng.standard_normal(n).astype(np.float32)
+    f = ex.compile(lambda x, r: r + qlinear(x, q, s, b, bits=bits, group_size=64, out_features=n))
+    y = f(x, r).numpy()
+    plan = list(f.cache.values())[0].plan
+    assert plan.n_steps == 1  # the qlinear alone, the add in its epilogue
+    alone = qlinear(ex.asarray(x), q, s, b, bits=bits, group_size=64, out_features=n).numpy()
+    np.testing.assert_allclose(y, alone.astype(np.float64) + r, rtol=1e-6, atol=1e-6)
+    g = ex.compile(lambda x, r: r + qlinear_many(x, [(q, s, b, n), (q, s, None, 16)], bits=bits, group_size=64)[0])
+    np.testing.assert_allclose(g(x, r).numpy(), y, rtol=1e-6, atol=1e-6)
+    assert list(g.cache.values())[0].plan.n_steps == 2
+    # more rows (a prompt): the add stays a step of its own
+    x2 = np.concatenate([x] * 17)[:17]
+    h = ex.compile(lambda x, r: r + qlinear(x, q, s, b, bits=bits, group_size=64, out_features=n))
+    r2 = np.concatenate([r] * 17)[:17]
+    want = qlinear(ex.asarray(x2), q, s, b, bits=bits, group_size=64, out_features=n).numpy().astype(np.float64) + r2
+    np.testing.assert_allclose(h(x2, r2).numpy(), want, rtol=1e-6, atol=1e-6)
+    assert list(h.cache.values())[0].plan.n_steps == 2
+    # a residual of the wrong shape, built directly (the fusion only passes matching ones)
+    from express.ops.quant import _QLINEAR
+    from express.tensor import node
+    with pytest.raises(ex.ShapeError, match="residual"):
+        node(_QLINEAR, [ex.asarray(x), ex.asarray(q), ex.asarray(s), ex.asarray(r[:, :-1])], bits=bits,
+             group_size=64, ns=(n,), biased=(False,), has_res=True)
+
 def test_project_runs_layers_of_one_kind_as_one_call():
     from llm.model import project
     rng = np.random.default_rng(3)
