@@ -381,8 +381,6 @@ def load_weights(g: GGUFFile, cfg: dict) -> dict:
         w = decode_tensor(t, g.path, lazy=True)
         if arch == "gemma3" and hf.endswith("norm.weight"):
             w = np.asarray(w, np.float32) - 1.0  # GGUF folds Gemma's (1 + w) into the weight
-        elif not isinstance(w, QuantTensor):
-            w = np.array(w)  # a copy, so the file's mapping is released once the model is built
         if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
             heads = cfg["num_attention_heads"] if ".q_proj." in hf else cfg["num_key_value_heads"]
             w = QuantTensor(_unpermute(w.raw, heads), w.shape, w.kind) if isinstance(w, QuantTensor) else _unpermute(w, heads)

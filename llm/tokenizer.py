@@ -159,8 +159,8 @@ class SentencePieceBPE:
         self.bos_id, self.add_space_prefix = bos_id, add_space_prefix
         self.bytes_id = [self.vocab.get(f"<0x{b:02X}>") for b in range(256)]
         # added pieces: a set, their lengths, and a class of their first characters to find where one
-        # may start (one regex of all ~6k alternatives of Gemma's vocabulary took ~60 MB to compile,
-        # the load's peak memory)
+        # may start (one regex of all 6384 alternatives of Gemma's vocabulary raised the load's peak
+        # memory by about 9 MB to compile and kept 4 MB)
         self._added = {t for t, ty in zip(tokens, types) if is_added_piece(t, ty)}
         self._added_lens = sorted({len(t) for t in self._added}, reverse=True)
         first = "".join(sorted({t[0] for t in self._added}))
