@@ -9,10 +9,11 @@
  * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
  * that word, so a worker that wakes late can never run a chunk of a newer job.  Idle workers
  * spin briefly (for low dispatch latency between back-to-back ops) and then sleep on a
- * condition variable.  With one thread per CPU each worker is pinned to its own CPU (the
- * caller stays free): unpinned, a worker woken after a sleep was often put on the caller's CPU
- * and shared it until the load balancer moved one of them, which took longer than a whole
- * inference.  EXPRESS_PIN_THREADS=0 leaves placement to the OS. */
+ * condition variable.  With one thread per CPU each worker is pinned to its own CPU, never the
+ * caller's (the caller stays free; the workers move when it does): unpinned, a worker woken
+ * after a sleep was often put on the caller's CPU and shared it until the load balancer moved
+ * one of them, which took longer than a whole inference.  EXPRESS_PIN_THREADS=0 leaves
+ * placement to the OS. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -281,24 +282,36 @@ static void run_chunks(uint32_t gen) {
 static cpu_set_t g_cpus; /* the CPUs the process may run on, read at pool start */
 #endif
 
-/* When the pool has one thread per allowed CPU, worker i takes the (i + 1)-th CPU and the
- * first is left to the caller.  With fewer threads than CPUs nothing is pinned: there are idle
- * CPUs to wake onto, and pinned workers of several processes would pile onto the same CPUs. */
-static void pin_worker(int i) {
+/* When the pool has one thread per allowed CPU, each worker is pinned to a CPU of its own,
+ * none of them the caller's: worker i takes the (i + 1)-th allowed CPU counting on from the one
+ * the caller runs on.  The caller is never pinned, so the workers follow it: each job checks the
+ * caller's CPU and re-places them if it moved.  (Fixed places, the caller on a worker's CPU
+ * shared it with the spinning worker for the whole run, seen for 20 ms and more: a 2-thread
+ * job of 50 us then took as long as on one thread.)  With fewer threads than CPUs nothing is
+ * pinned: there are idle CPUs to wake onto, and pinned workers of several processes would pile
+ * onto the same CPUs. */
+static int g_pin = -1;       /* pinning wanted (EXPRESS_PIN_THREADS != 0), read at pool start */
+static int g_placed = -1;    /* the caller's CPU the workers were last placed around */
+
+/* with run_lock held */
+static void place_workers(void) {
 #ifdef __linux__
-  const char *e = getenv("EXPRESS_PIN_THREADS");
-  if ((e && strcmp(e, "0") == 0) || P.nthreads != CPU_COUNT(&g_cpus)) return;
-  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++) {
-    if (CPU_ISSET(cpu, &g_cpus) && k++ == i + 1) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
-      return;
+  if (!g_pin || P.nworkers == 0 || P.nthreads != CPU_COUNT(&g_cpus)) return;
+  const int me = sched_getcpu();
+  if (me < 0 || me == g_placed) return;
+  g_placed = me;
+  int cpus[CPU_SETSIZE], n = 0, at = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &g_cpus)) {
+      if (cpu == me) at = n;
+      cpus[n++] = cpu;
     }
+  for (int i = 0; i < P.nworkers; i++) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[(at + 1 + i) % n], &one);
+    pthread_setaffinity_np(P.workers[i], sizeof one, &one);
   }
-#else
-  (void)i;
 #endif
 }
 
@@ -307,7 +320,6 @@ static uint32_t g_start_gen[MAX_THREADS]; /* the job generation worker i starts 
 static void *worker_main(void *arg) {
   const uint32_t *start = arg;
   uint32_t seen = *start;
-  pin_worker((int)(start - g_start_gen));
   for (;;) {
     uint32_t g;
     const int64_t t0 = now_ns();
@@ -351,6 +363,7 @@ static void stop_workers(void) {
 /* with run_lock held: start the missing workers (fewer if the system refuses) */
 static void start_workers(void) {
   while (P.nworkers < P.nthreads - 1) {
+    g_placed = -1; /* the new worker is placed by the next job */
     g_start_gen[P.nworkers] = P.gen;
     if (pthread_create(&P.workers[P.nworkers], NULL, worker_main, &g_start_gen[P.nworkers]) != 0) break;
     P.nworkers++;
@@ -373,6 +386,8 @@ static void pool_init(void) {
   P.nthreads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
 #ifdef __linux__
   if (sched_getaffinity(0, sizeof g_cpus, &g_cpus) != 0) CPU_ZERO(&g_cpus); /* then: no pinning */
+  const char *pin = getenv("EXPRESS_PIN_THREADS");
+  g_pin = !(pin && strcmp(pin, "0") == 0);
 #endif
   pthread_atfork(NULL, NULL, after_fork_child);
 }
@@ -404,6 +419,7 @@ void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
     return;
   }
   start_workers();
+  place_workers();
   if (P.nworkers == 0) {
     pthread_mutex_unlock(&P.run_lock);
     fn(ctx, 0, n);
