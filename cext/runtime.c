@@ -280,6 +280,8 @@ static void run_chunks(uint32_t gen) {
 
 #ifdef __linux__
 static cpu_set_t g_cpus; /* the CPUs the process may run on, read at pool start */
+static int g_pin;        /* pinning wanted (EXPRESS_PIN_THREADS != 0), read at pool start */
+static int g_placed = -1; /* the caller's CPU the workers were last placed around */
 #endif
 
 /* When the pool has one thread per allowed CPU, each worker is pinned to a CPU of its own,
@@ -289,11 +291,7 @@ static cpu_set_t g_cpus; /* the CPUs the process may run on, read at pool start 
  * shared it with the spinning worker for the whole run, seen for 20 ms and more: a 2-thread
  * job of 50 us then took as long as on one thread.)  With fewer threads than CPUs nothing is
  * pinned: there are idle CPUs to wake onto, and pinned workers of several processes would pile
- * onto the same CPUs. */
-static int g_pin = -1;       /* pinning wanted (EXPRESS_PIN_THREADS != 0), read at pool start */
-static int g_placed = -1;    /* the caller's CPU the workers were last placed around */
-
-/* with run_lock held */
+ * onto the same CPUs.  Called with run_lock held. */
 static void place_workers(void) {
 #ifdef __linux__
   if (!g_pin || P.nworkers == 0 || P.nthreads != CPU_COUNT(&g_cpus)) return;
@@ -363,7 +361,9 @@ static void stop_workers(void) {
 /* with run_lock held: start the missing workers (fewer if the system refuses) */
 static void start_workers(void) {
   while (P.nworkers < P.nthreads - 1) {
+#ifdef __linux__
     g_placed = -1; /* the new worker is placed by the next job */
+#endif
     g_start_gen[P.nworkers] = P.gen;
     if (pthread_create(&P.workers[P.nworkers], NULL, worker_main, &g_start_gen[P.nworkers]) != 0) break;
     P.nworkers++;

@@ -23,13 +23,13 @@ for cpu in [int(c) for c in sys.argv[2:]] or [None]:
 """
 
 
-def workers_affinity(threads, pin=None, callers=(None,)):
+def workers_affinity(threads, pin=None, callers=()):
     """The CPU sets of the threads other than the caller's, in a fresh process, after a job run
-    from each CPU of `callers` in turn (None: wherever the OS put the caller)."""
+    from each CPU of `callers` in turn (none: one job, wherever the OS put the caller)."""
     env = {k: v for k, v in os.environ.items() if k != "EXPRESS_PIN_THREADS"}
     if pin is not None:
         env["EXPRESS_PIN_THREADS"] = pin
-    moves = [str(c) for c in callers if c is not None]
+    moves = [str(c) for c in callers]
     out = subprocess.run([sys.executable, "-c", PROBE, str(threads)] + moves, check=True, capture_output=True,
                          text=True, env=env).stdout
     return [sorted(eval(line)) for line in out.splitlines()]
