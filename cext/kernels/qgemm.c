@@ -45,14 +45,10 @@
 #define QG_MR512 8
 /* software prefetch distances (bytes) for streaming weights at m = 1: a hardware prefetcher alone
  * leaves a single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 paths
- * prefetch QG_PF ahead into L1).  The VNNI GEMV prefetches int4 weights QG_PF_L2 ahead into L2 and
- * QG_PF1 into L1: on a Zen 4 core (32 KB L1) 16 KB ahead into L1 halved the down projection's rate,
- * 16 KB into L2 ran 5-10% faster than 8 KB into L1, and the near L1 prefetch 0-6% faster again
- * (the lm head, 68 MB, from memory).  int8 there streams 15-19% faster with no software prefetch
- * than with 8 KB (or 2, 4, 16 KB) into L1 or 16 KB into L2, so it has none. */
+ * prefetch QG_PF ahead into L1, the VNNI GEMV QG_PF1 ahead into L1 in each of its QG_STREAMS). */
 #define QG_PF 8192
-#define QG_PF_L2 16384
-#define QG_PF1 1024
+#define QG_PF1 2048
+#define QG_STREAMS 4
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
 
@@ -337,58 +333,89 @@ VNNI_FN static void groups_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   }
 }
 
-/* row groups [g0, g1), m = 1.  Each task reads its row groups as one stream of 64-byte steps
- * (4 values of 16 rows; int4 prefetched QG_PF_L2 ahead into L2 and QG_PF1 into L1, int8 left to
- * the hardware prefetcher), each against 4 values of x broadcast from memory.  Tried on a Zen 5 core with the 8-row layout (int4,
- * Qwen2.5-0.5B shapes), slower: 8 or 4 row groups side by side (8 prefetched streams), two blocks a
- * step in register accumulators, adding the halves of two blocks crosswise; within the noise: the
- * high nibble by one gf2p8affine (GFNI) instead of a shift and a mask, non-temporal prefetches.
- * On a Zen 4 core the 8-row form (x permuted into two steps per register) was bound by its
- * arithmetic, 33 - 35 GB/s in cache; this form runs 1.7x faster there. */
-VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
-  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = chunk_bytes(c->bits);
-  const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
-  for (int64_t R = g0; R < g1; R++) {
-    const uint8_t *w = c->wq + R * nb * cb;
-    const uint16_t *s = c->scales + R * ng * QG_ROWS;
-    /* two int32 sums per block and two float sums (even, odd blocks): short dependency chains */
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t b = 0, j = 0; b < nb; b++, w += cb) {
-      if (c->bits == 4)
-        for (int l = 0; l < cb; l += 64) {
-          _mm_prefetch((const char *)w + QG_PF_L2 + l, _MM_HINT_T1);
-          _mm_prefetch((const char *)w + QG_PF1 + l, _MM_HINT_T0);
-        }
-      const int8_t *x = c->xq + b * 32;
-      __m512i d0 = _mm512_set1_epi32(-c->xc[b]), d1 = _mm512_setzero_si512();
-      if (c->bits == 4) {
-        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64), r2 = _mm512_loadu_si512(w + 128),
-                      r3 = _mm512_loadu_si512(w + 192);
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), bcast4_512(x + 0));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), bcast4_512(x + 4));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r2, m4), bcast4_512(x + 8));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r3, m4), bcast4_512(x + 12));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), bcast4_512(x + 16));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), bcast4_512(x + 20));
-        d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r2, 4), m4), bcast4_512(x + 24));
-        d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r3, 4), m4), bcast4_512(x + 28));
-      } else {
-        for (int t = 0; t < 8; t += 2) {
-          d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t), flip), bcast4_512(x + 4 * t));
-          d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t + 64), flip),
-                                   bcast4_512(x + 4 * t + 4));
-        }
-      }
-      const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
-      acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(sw, _mm512_set1_ps(c->xs[b])),
-                                   acc[b & 1]);
-      if (++j == per_g) j = 0, s += QG_ROWS; /* the next scale group */
+/* the 16 rows' dot products (int32, offset included) of one packed 32-value block at w with the
+ * block of x at x: 8 vpdpbusd on two chains */
+VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(const uint8_t *w, const int8_t *x, int32_t xc,
+                                                                             const int BITS) {
+  __m512i d0 = _mm512_set1_epi32(-xc), d1 = _mm512_setzero_si512();
+  if (BITS == 4) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64), r2 = _mm512_loadu_si512(w + 128),
+                  r3 = _mm512_loadu_si512(w + 192);
+    d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r0, m4), bcast4_512(x + 0));
+    d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r1, m4), bcast4_512(x + 4));
+    d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(r2, m4), bcast4_512(x + 8));
+    d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(r3, m4), bcast4_512(x + 12));
+    d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), bcast4_512(x + 16));
+    d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4), bcast4_512(x + 20));
+    d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(r2, 4), m4), bcast4_512(x + 24));
+    d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(r3, 4), m4), bcast4_512(x + 28));
+  } else {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int t = 0; t < 8; t += 2) {
+      d0 = _mm512_dpbusd_epi32(d0, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t), flip), bcast4_512(x + 4 * t));
+      d1 = _mm512_dpbusd_epi32(d1, _mm512_xor_si512(_mm512_loadu_si512(w + 64 * t + 64), flip), bcast4_512(x + 4 * t + 4));
     }
-    const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
-    __m512 y = _mm512_add_ps(acc[0], acc[1]);
-    if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS));
-    if (c->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->res + R * QG_ROWS));
-    _mm512_mask_storeu_ps(c->y + R * QG_ROWS, mask, y);
+  }
+  return _mm512_add_epi32(d0, d1);
+}
+
+/* m = 1: S streams side by side, stream q walking the row groups g0 + q * count + i (i < count),
+ * each a run of 64-byte steps (4 values of 16 rows) prefetched QG_PF1 ahead into L1, against 4
+ * values of x broadcast from memory.  One stream leaves a core short of the memory's rate: on
+ * the Intel Xeon host of docs/benchmarks.rst, a Qwen2.5-0.5B int4 decode step's GEMVs took 20.6 ms
+ * at one thread as one stream (a stream prefetched 16 KB ahead into L2 and 1 KB into L1), 17.2 -
+ * 18.1 as four, 17.1 - 18.0 as two (the same within the noise), 18.4 - 19.6 as six, 20.1 - 20.6 as
+ * eight; 1, 2 and 4 KB ahead into L1 within the noise of each other.  int8 gained more: 12 -> 15.6
+ * GB/s of weights at one thread, 74 -> 96% of a plain read.  (On a Zen 5 core with the former
+ * 8-row layout, 4 and 8 streams were slower than one.) */
+VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_ctx *c, int64_t g0, int64_t count,
+                                                                       const int S, const int BITS) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
+  for (int64_t i = 0; i < count; i++) {
+    const uint8_t *w[QG_STREAMS];
+    const uint16_t *s[QG_STREAMS];
+    __m512 acc[QG_STREAMS];
+    for (int q = 0; q < S; q++) {
+      const int64_t R = g0 + q * count + i;
+      w[q] = c->wq + R * nb * cb;
+      s[q] = c->scales + R * ng * QG_ROWS;
+      acc[q] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0, j = 0; b < nb; b++) {
+      const int8_t *x = c->xq + b * 32;
+      const __m512 xs = _mm512_set1_ps(c->xs[b]);
+      for (int q = 0; q < S; q++) {
+        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w[q] + QG_PF1 + l, _MM_HINT_T0);
+        const __m512 sw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[q])), xs);
+        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot_vnni(w[q], x, c->xc[b], BITS)), sw, acc[q]);
+        w[q] += cb;
+      }
+      if (++j == per_g) {
+        j = 0;
+        for (int q = 0; q < S; q++) s[q] += QG_ROWS;
+      }
+    }
+    for (int q = 0; q < S; q++) {
+      const int64_t R = g0 + q * count + i;
+      const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
+      __m512 y = acc[q];
+      if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS));
+      if (c->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->res + R * QG_ROWS));
+      _mm512_mask_storeu_ps(c->y + R * QG_ROWS, mask, y);
+    }
+  }
+}
+
+/* row groups [g0, g1), m = 1: QG_STREAMS equal parts side by side, then the rest one by one */
+VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
+  const int64_t count = (g1 - g0) / QG_STREAMS, rest = g0 + QG_STREAMS * count;
+  if (c->bits == 4) {
+    gemv_streams(c, g0, count, QG_STREAMS, 4);
+    gemv_streams(c, rest, g1 - rest, 1, 4);
+  } else {
+    gemv_streams(c, g0, count, QG_STREAMS, 8);
+    gemv_streams(c, rest, g1 - rest, 1, 8);
   }
 }
 #endif

@@ -86,12 +86,18 @@ def dequantize_weight(qweight, scales, bits: int, group_size: int, out_features:
 
 def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.ndarray:
     """Rows `rows` of the dequantized weight (an embedding lookup from a quantized table)."""
-    rows = np.asarray(rows, np.int64)
+    rows = np.asarray(rows, np.int64).reshape(-1)
     q, s = np.asarray(qweight), np.asarray(scales)
-    groups = np.unique(rows // ROWS)
-    w = dequantize_weight(q[groups], s[groups], bits, group_size)  # only the row groups needed
-    where = {g: i for i, g in enumerate(groups)}
-    return w[[where[r // ROWS] * ROWS + r % ROWS for r in rows]]
+    G, r = rows // ROWS, rows % ROWS
+    nb = q.shape[1]
+    # only the rows' own bytes (a decode step looks up one row: 0.26 -> 0.02 ms at k = 896)
+    if bits == 8:  # [R][b][t][r][j]
+        v = q[G].view(np.int8).reshape(len(rows), nb, 8, ROWS, 4)[np.arange(len(rows)), :, :, r].astype(np.float32)
+    else:          # [R][b][t][r][j], low nibbles the block's first 16 values, high nibbles the rest
+        b = q[G].reshape(len(rows), nb, 4, ROWS, 4)[np.arange(len(rows)), :, :, r]
+        v = np.stack([b & 15, b >> 4], axis=2).astype(np.float32) - 8
+    sc = s[G, :, r].astype(np.float32)  # (rows, in / group)
+    return (v.reshape(len(rows), -1, group_size) * sc[..., None]).reshape(len(rows), nb * 32)
 
 
 def _qlinear_infer(x, *ins, bits, group_size, ns, biased, has_res=False):
