@@ -152,6 +152,12 @@ def test_quantize_weight_roundtrip_and_error_bounds():
     assert q.shape == (1, 4, 256) and s.shape == (1, 4, 16)
     from express.ops.quant import dequantize_rows
     np.testing.assert_array_equal(dequantize_rows(q, s, 4, 32, [4, 0, 4]), dequantize_weight(q, s, 4, 32, 5)[[4, 0, 4]])
+    # rows of several 16-row groups, both widths, a group size above 32
+    big = np.random.default_rng(3).standard_normal((37, 128)).astype(np.float32)
+    for bits in (4, 8):
+        q, s = quantize_weight(big, bits, 64)
+        rows = [36, 0, 17, 17, 15, 16]
+        np.testing.assert_array_equal(dequantize_rows(q, s, bits, 64, rows), dequantize_weight(q, s, bits, 64, 37)[rows])
 
 
 def test_qlinear_bad_input():
