@@ -43,9 +43,10 @@
 #define QG_ROWS 16 /* rows a packed group interleaves */
 #define QG_MR 4
 #define QG_MR512 8
-/* software prefetch distances (bytes) for streaming weights at m = 1: a hardware prefetcher alone
- * leaves a single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 paths
- * prefetch QG_PF ahead into L1, the VNNI GEMV QG_PF1 ahead into L1 in each of its QG_STREAMS). */
+/* software prefetch distances (bytes) for streaming weights: a hardware prefetcher alone leaves a
+ * single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 blocks of
+ * m > 1 prefetch QG_PF ahead into L1, the m = 1 GEMVs QG_PF1 ahead into L1 in each of their
+ * QG_STREAMS). */
 #define QG_PF 8192
 #define QG_PF1 2048
 #define QG_STREAMS 4
@@ -146,100 +147,157 @@ AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, in
   }
 }
 
-/* nh 8-row halves from H of the packed groups (rows 8H .. 8H + 7 are half H & 1 of each 64-byte
- * step of group H / 2) against mr rows of x from i0: at m = 1 both halves of a group in one pass
- * (each cache line is read once), else one half at a time (its QG_MR accumulators stay in
- * registers) */
-AVX2_FN __attribute__((always_inline)) static inline void q4_avx2(const qg_ctx *c, int64_t H, const int NH, int64_t i0,
-                                                                  int mr) {
+/* the 8-row half H of the packed groups (rows 8H .. 8H + 7 are half H & 1 of each 64-byte step of
+ * group H / 2) against mr rows of x from i0 (its QG_MR accumulators stay in registers) */
+AVX2_FN static void q4_avx2(const qg_ctx *c, int64_t H, int64_t i0, int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i mask = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  __m256 acc[2 * QG_MR];
-  for (int i = 0; i < 2 * QG_MR; i++) acc[i] = _mm256_setzero_ps();
+  __m256 acc[QG_MR];
+  for (int i = 0; i < QG_MR; i++) acc[i] = _mm256_setzero_ps();
   const uint8_t *wg = c->wq + (H / 2) * nb * 256;
   const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
   for (int64_t b = 0; b < nb; b++, wg += 256) {
     for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; h++) {
-      const uint8_t *w = wg + ((H & 1) + h) * 32;
-      const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 64)),
-                    r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
-      const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
-                    l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
-      const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask),
-                    h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
-                    h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask),
-                    h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
-      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
-      __m256 *ah = acc + h * QG_MR;
+    const uint8_t *w = wg + (H & 1) * 32;
+    const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 64)),
+                  r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
+    const __m256i l0 = _mm256_and_si256(r0, mask), l1 = _mm256_and_si256(r1, mask),
+                  l2 = _mm256_and_si256(r2, mask), l3 = _mm256_and_si256(r3, mask);
+    const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), mask),
+                  h1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), mask),
+                  h2 = _mm256_and_si256(_mm256_srli_epi16(r2, 4), mask),
+                  h3 = _mm256_and_si256(_mm256_srli_epi16(r3, 4), mask);
+    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + (H & 1) * 8)));
 #pragma GCC unroll 4
-      for (int i = 0; i < mr; i++) {
-        const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
-        __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l1, bcast4(x + 4)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l2, bcast4(x + 8)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l3, bcast4(x + 12)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h0, bcast4(x + 16)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h1, bcast4(x + 20)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
-        const int64_t xb = (i0 + i) * nb + b;
-        const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(c->xc[xb])));
-        ah[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), ah[i]);
-      }
+    for (int i = 0; i < mr; i++) {
+      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+      __m256i p = _mm256_maddubs_epi16(l0, bcast4(x));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l1, bcast4(x + 4)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l2, bcast4(x + 8)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(l3, bcast4(x + 12)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h0, bcast4(x + 16)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h1, bcast4(x + 20)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h2, bcast4(x + 24)));
+      p = _mm256_add_epi16(p, _mm256_maddubs_epi16(h3, bcast4(x + 28)));
+      const int64_t xb = (i0 + i) * nb + b;
+      const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_madd_epi16(p, ones), _mm256_set1_epi32(c->xc[xb])));
+      acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
   }
-  for (int h = 0; h < NH; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
+  store_rows(c, acc, H, i0, mr);
 }
 
-AVX2_FN __attribute__((always_inline)) static inline void q8_avx2(const qg_ctx *c, int64_t H, const int NH, int64_t i0,
-                                                                  int mr) {
+AVX2_FN static void q8_avx2(const qg_ctx *c, int64_t H, int64_t i0, int mr) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2 * QG_MR];
-  for (int i = 0; i < 2 * QG_MR; i++) acc[i] = _mm256_setzero_ps();
+  __m256 acc[QG_MR];
+  for (int i = 0; i < QG_MR; i++) acc[i] = _mm256_setzero_ps();
   const uint8_t *wg = c->wq + (H / 2) * nb * 512;
   const uint16_t *sc = c->scales + (H / 2) * ng * QG_ROWS;
   for (int64_t b = 0; b < nb; b++, wg += 512) {
     for (int l = 0; l < 512; l += 64) _mm_prefetch((const char *)(wg + QG_PF + l), _MM_HINT_T0);
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; h++) {
-      const uint8_t *w = wg + ((H & 1) + h) * 32;
-      __m256i wv[8], wa[8];
-      for (int t = 0; t < 8; t++) {
-        wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 64));
-        wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
-      }
-      const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + ((H & 1) + h) * 8)));
-      __m256 *ah = acc + h * QG_MR;
-      for (int i = 0; i < mr; i++) {
-        const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
-        __m256i s = _mm256_setzero_si256();
-        for (int t = 0; t < 8; t++)
-          s = _mm256_add_epi32(
-              s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
-        const int64_t xb = (i0 + i) * nb + b;
-        ah[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), ah[i]);
-      }
+    const uint8_t *w = wg + (H & 1) * 32;
+    __m256i wv[8], wa[8];
+    for (int t = 0; t < 8; t++) {
+      wv[t] = _mm256_loadu_si256((const __m256i *)(w + t * 64));
+      wa[t] = _mm256_sign_epi8(wv[t], wv[t]);
+    }
+    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (b / per_g) * QG_ROWS + (H & 1) * 8)));
+    for (int i = 0; i < mr; i++) {
+      const int8_t *x = c->xq + (i0 + i) * c->k + b * 32;
+      __m256i s = _mm256_setzero_si256();
+      for (int t = 0; t < 8; t++)
+        s = _mm256_add_epi32(
+            s, _mm256_madd_epi16(_mm256_maddubs_epi16(wa[t], _mm256_sign_epi8(bcast4(x + 4 * t), wv[t])), ones));
+      const int64_t xb = (i0 + i) * nb + b;
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(c->xs[xb])), acc[i]);
     }
   }
-  for (int h = 0; h < NH; h++) store_rows(c, acc + h * QG_MR, H + h, i0, mr);
+  store_rows(c, acc, H, i0, mr);
 }
 
-/* NH a constant in each instance, so the accumulators' indices are constants and stay in registers */
-AVX2_FN static void block_avx2_q4(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
-  if (nh == 2)
-    q4_avx2(c, H, 2, i0, mr);
-  else
-    q4_avx2(c, H, 1, i0, mr);
+/* the 8 rows' dot products (int32, offset not included) of one 32-value block, rows 8h .. 8h + 7 of
+ * a packed group: w points at the block's chunk plus 32h */
+AVX2_FN __attribute__((always_inline)) static inline __m256i block_dot_avx2(const uint8_t *w, const int8_t *x,
+                                                                           const int BITS) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (BITS == 4) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i r0 = _mm256_loadu_si256((const __m256i *)w), r1 = _mm256_loadu_si256((const __m256i *)(w + 64)),
+                  r2 = _mm256_loadu_si256((const __m256i *)(w + 128)), r3 = _mm256_loadu_si256((const __m256i *)(w + 192));
+    __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(r0, m4), bcast4(x));
+    __m256i q = _mm256_maddubs_epi16(_mm256_and_si256(r1, m4), bcast4(x + 4));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(r2, m4), bcast4(x + 8)));
+    q = _mm256_add_epi16(q, _mm256_maddubs_epi16(_mm256_and_si256(r3, m4), bcast4(x + 12)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r0, 4), m4), bcast4(x + 16)));
+    q = _mm256_add_epi16(q, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r1, 4), m4), bcast4(x + 20)));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r2, 4), m4), bcast4(x + 24)));
+    q = _mm256_add_epi16(q, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r3, 4), m4), bcast4(x + 28)));
+    return _mm256_madd_epi16(_mm256_add_epi16(p, q), ones);
+  }
+  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+  for (int t = 0; t < 8; t += 2) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(w + 64 * t)),
+                  b = _mm256_loadu_si256((const __m256i *)(w + 64 * t + 64));
+    s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(a, a),
+                                                                     _mm256_sign_epi8(bcast4(x + 4 * t), a)), ones));
+    s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(b, b),
+                                                                     _mm256_sign_epi8(bcast4(x + 4 * t + 4), b)), ones));
+  }
+  return _mm256_add_epi32(s0, s1);
 }
 
-AVX2_FN static void block_avx2_q8(const qg_ctx *c, int64_t H, int nh, int64_t i0, int mr) {
-  if (nh == 2)
-    q8_avx2(c, H, 2, i0, mr);
-  else
-    q8_avx2(c, H, 1, i0, mr);
+/* m = 1, AVX2: S streams side by side, as gemv_streams (VNNI) below, both 8-row halves of a group
+ * per block (each cache line read once).  On the Intel host of docs/benchmarks.rst with
+ * EXPRESS_ISA=avx2, a Qwen2.5-0.5B decode step's GEMVs took 22.5 - 23.1 ms (int4) and 39.8 -
+ * 40.3 ms (int8) at one thread as one stream of groups, 17.4 - 18.3 and 34.4 - 34.7 as four;
+ * 12.1 -> 9.8 - 10.4 ms (int4) at two threads. */
+AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(const qg_ctx *c, int64_t g0, int64_t count,
+                                                                           const int S, const int BITS) {
+  const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
+  for (int64_t i = 0; i < count; i++) {
+    const uint8_t *w[QG_STREAMS];
+    const uint16_t *s[QG_STREAMS];
+    __m256 acc[QG_STREAMS][2];
+    for (int q = 0; q < S; q++) {
+      const int64_t R = g0 + q * count + i;
+      w[q] = c->wq + R * nb * cb;
+      s[q] = c->scales + R * ng * QG_ROWS;
+      acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0, j = 0; b < nb; b++) {
+      const int8_t *x = c->xq + b * 32;
+      const __m256 xs = _mm256_set1_ps(c->xs[b]);
+      const __m256i xc = BITS == 4 ? _mm256_set1_epi32(c->xc[b]) : _mm256_setzero_si256();
+      for (int q = 0; q < S; q++) {
+        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w[q] + QG_PF1 + l, _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+          const __m256 sw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s[q] + 8 * h))), xs);
+          const __m256i d = _mm256_sub_epi32(block_dot_avx2(w[q] + 32 * h, x, BITS), xc);
+          acc[q][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sw, acc[q][h]);
+        }
+        w[q] += cb;
+      }
+      if (++j == per_g) {
+        j = 0;
+        for (int q = 0; q < S; q++) s[q] += QG_ROWS;
+      }
+    }
+    for (int q = 0; q < S; q++)
+      for (int h = 0; h < 2; h++) store_rows(c, &acc[q][h], 2 * (g0 + q * count + i) + h, 0, 1);
+  }
+}
+
+/* row groups [g0, g1), m = 1: QG_STREAMS equal parts side by side, then the rest one by one */
+AVX2_FN static void gemv_avx2(const qg_ctx *c, int64_t g0, int64_t g1) {
+  const int64_t count = (g1 - g0) / QG_STREAMS, rest = g0 + QG_STREAMS * count;
+  if (c->bits == 4) {
+    gemv_streams_avx2(c, g0, count, QG_STREAMS, 4);
+    gemv_streams_avx2(c, rest, g1 - rest, 1, 4);
+  } else {
+    gemv_streams_avx2(c, g0, count, QG_STREAMS, 8);
+    gemv_streams_avx2(c, rest, g1 - rest, 1, 8);
+  }
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -430,18 +488,21 @@ static void task(void *ctx, int64_t g0, int64_t g1) {
       groups_vnni(c, g0, g1);
     return;
   }
+  if (c->path == QG_AVX2 && c->m == 1) {
+    gemv_avx2(c, g0, g1);
+    return;
+  }
   if (c->path == QG_AVX2) {
     /* every block of QG_MR rows of x against each 8-row half of a group while its weights are in
-     * L1; at m = 1 both halves at once */
-    const int nh = c->m == 1 ? 2 : 1;
+     * L1 */
     for (int64_t R = g0; R < g1; R++) {
       for (int64_t i0 = 0; i0 < c->m; i0 += QG_MR) {
         const int mr = (int)QG_MIN(QG_MR, c->m - i0);
-        for (int64_t H = 2 * R; H < 2 * R + 2; H += nh) {
+        for (int64_t H = 2 * R; H < 2 * R + 2; H++) {
           if (c->bits == 4)
-            block_avx2_q4(c, H, nh, i0, mr);
+            q4_avx2(c, H, i0, mr);
           else
-            block_avx2_q8(c, H, nh, i0, mr);
+            q8_avx2(c, H, i0, mr);
         }
       }
     }
