@@ -15,10 +15,10 @@ def rounded_x(x):
     return (np.rint(b / np.where(s > 0, s, 1)) * s).reshape(x.shape)
 
 
-# n: a single row, partial and full 16-row groups, and group counts that split into unequal chunks
-# on two threads; k: one block, odd block counts, the model's hidden size, group sizes above 32
+# n: a single row, partial and full 16-row groups, group counts that leave 1, 2 or 3 groups over
+# the four streams of a thread's share, and ones that split into unequal chunks on two threads; k: one block, odd block counts, the model's hidden size, group sizes above 32
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("n", [1, 7, 16, 17, 65, 129, 200, 256])
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 65, 96, 97, 129, 200, 256])
 @pytest.mark.parametrize("k, group", [(32, 32), (96, 32), (224, 32), (256, 64), (896, 32), (1152, 128)])
 def test_gemv_matches_dequantized_reference(isa, threads, bits, n, k, group):
     rng = np.random.default_rng(n * 7 + k + bits)

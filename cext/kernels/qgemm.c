@@ -50,6 +50,26 @@
 #define QG_PF 8192
 #define QG_PF1 2048
 #define QG_STREAMS 4
+/* Row groups [g0, g1) of a one-row GEMV as QG_STREAMS parts whose lengths differ by at most one,
+ * walked side by side by STREAMS(c, start, count, S, BITS) (S parts from start[0 .. S), count
+ * groups each): one pass over every part's first groups, then one over the extra group of the
+ * longer parts.  (A rest walked one group at a time read alone: with a 7-group share, 3 of 7 groups
+ * of the 896-row projections.) */
+#define QG_PARTS(STREAMS, c, g0, g1, BITS)                                                          \
+  do {                                                                                            \
+    const int64_t base_ = ((g1) - (g0)) / QG_STREAMS;                                             \
+    const int rem_ = (int)(((g1) - (g0)) % QG_STREAMS);                                           \
+    int64_t start_[QG_STREAMS], tail_[QG_STREAMS];                                                \
+    for (int q_ = 0; q_ < QG_STREAMS; q_++) {                                                     \
+      start_[q_] = (g0) + q_ * base_ + (q_ < rem_ ? q_ : rem_);                                   \
+      tail_[q_] = start_[q_] + base_;                                                             \
+    }                                                                                             \
+    if (base_) STREAMS(c, start_, base_, QG_STREAMS, BITS);                                       \
+    if (rem_ == 1) STREAMS(c, tail_, 1, 1, BITS);                                                 \
+    if (rem_ == 2) STREAMS(c, tail_, 1, 2, BITS);                                                 \
+    if (rem_ == 3) STREAMS(c, tail_, 1, 3, BITS);                                                 \
+  } while (0)
+_Static_assert(QG_STREAMS == 4, "QG_PARTS walks a rest of at most 3 groups");
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
 
@@ -252,15 +272,15 @@ AVX2_FN __attribute__((always_inline)) static inline __m256i block_dot_avx2(cons
  * EXPRESS_ISA=avx2, a Qwen2.5-0.5B decode step's GEMVs took 22.5 - 23.1 ms (int4) and 39.8 -
  * 40.3 ms (int8) at one thread as one stream of groups, 17.4 - 18.3 and 34.4 - 34.7 as four;
  * 12.1 -> 9.8 - 10.4 ms (int4) at two threads. */
-AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(const qg_ctx *c, int64_t g0, int64_t count,
-                                                                           const int S, const int BITS) {
+AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(const qg_ctx *c, const int64_t *start,
+                                                                           int64_t count, const int S, const int BITS) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
   for (int64_t i = 0; i < count; i++) {
     const uint8_t *w[QG_STREAMS];
     const uint16_t *s[QG_STREAMS];
     __m256 acc[QG_STREAMS][2];
     for (int q = 0; q < S; q++) {
-      const int64_t R = g0 + q * count + i;
+      const int64_t R = start[q] + i;
       w[q] = c->wq + R * nb * cb;
       s[q] = c->scales + R * ng * QG_ROWS;
       acc[q][0] = acc[q][1] = _mm256_setzero_ps();
@@ -284,20 +304,16 @@ AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(cons
       }
     }
     for (int q = 0; q < S; q++)
-      for (int h = 0; h < 2; h++) store_rows(c, &acc[q][h], 2 * (g0 + q * count + i) + h, 0, 1);
+      for (int h = 0; h < 2; h++) store_rows(c, &acc[q][h], 2 * (start[q] + i) + h, 0, 1);
   }
 }
 
-/* row groups [g0, g1), m = 1: QG_STREAMS equal parts side by side, then the rest one by one */
+/* row groups [g0, g1), m = 1, in QG_PARTS */
 AVX2_FN static void gemv_avx2(const qg_ctx *c, int64_t g0, int64_t g1) {
-  const int64_t count = (g1 - g0) / QG_STREAMS, rest = g0 + QG_STREAMS * count;
-  if (c->bits == 4) {
-    gemv_streams_avx2(c, g0, count, QG_STREAMS, 4);
-    gemv_streams_avx2(c, rest, g1 - rest, 1, 4);
-  } else {
-    gemv_streams_avx2(c, g0, count, QG_STREAMS, 8);
-    gemv_streams_avx2(c, rest, g1 - rest, 1, 8);
-  }
+  if (c->bits == 4)
+    QG_PARTS(gemv_streams_avx2, c, g0, g1, 4);
+  else
+    QG_PARTS(gemv_streams_avx2, c, g0, g1, 8);
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -427,15 +443,15 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
  * eight; 1, 2 and 4 KB ahead into L1 within the noise of each other.  int8 gained more: 12 -> 15.6
  * GB/s of weights at one thread, 74 -> 96% of a plain read.  (On a Zen 5 core with the former
  * 8-row layout, 4 and 8 streams were slower than one.) */
-VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_ctx *c, int64_t g0, int64_t count,
-                                                                       const int S, const int BITS) {
+VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_ctx *c, const int64_t *start,
+                                                                       int64_t count, const int S, const int BITS) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
   for (int64_t i = 0; i < count; i++) {
     const uint8_t *w[QG_STREAMS];
     const uint16_t *s[QG_STREAMS];
     __m512 acc[QG_STREAMS];
     for (int q = 0; q < S; q++) {
-      const int64_t R = g0 + q * count + i;
+      const int64_t R = start[q] + i;
       w[q] = c->wq + R * nb * cb;
       s[q] = c->scales + R * ng * QG_ROWS;
       acc[q] = _mm512_setzero_ps();
@@ -455,7 +471,7 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
       }
     }
     for (int q = 0; q < S; q++) {
-      const int64_t R = g0 + q * count + i;
+      const int64_t R = start[q] + i;
       const __mmask16 mask = (__mmask16)((1u << QG_MIN(c->n - R * QG_ROWS, QG_ROWS)) - 1);
       __m512 y = acc[q];
       if (c->bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, c->bias + R * QG_ROWS));
@@ -465,16 +481,12 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
   }
 }
 
-/* row groups [g0, g1), m = 1: QG_STREAMS equal parts side by side, then the rest one by one */
+/* row groups [g0, g1), m = 1, in QG_PARTS */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
-  const int64_t count = (g1 - g0) / QG_STREAMS, rest = g0 + QG_STREAMS * count;
-  if (c->bits == 4) {
-    gemv_streams(c, g0, count, QG_STREAMS, 4);
-    gemv_streams(c, rest, g1 - rest, 1, 4);
-  } else {
-    gemv_streams(c, g0, count, QG_STREAMS, 8);
-    gemv_streams(c, rest, g1 - rest, 1, 8);
-  }
+  if (c->bits == 4)
+    QG_PARTS(gemv_streams, c, g0, g1, 4);
+  else
+    QG_PARTS(gemv_streams, c, g0, g1, 8);
 }
 #endif
 
