@@ -26,6 +26,17 @@ void ex_free(void *p);
 int64_t ex_mem_current(void);          /* bytes held through ex_alloc now */
 int64_t ex_mem_peak(void);
 void ex_mem_reset_peak(void);
+/* The pool's first worker as a prefetcher: it pulls the first bytes[i] of each region p[i]
+ * (n <= 128) into its cache, a line of each in turn, until the next parallel job starts or
+ * another request replaces this one.  Returns at once; with one thread it does nothing.  For a
+ * memory-bound job whose input is not ready yet, issued before the short single-threaded steps
+ * that compute it: the worker would only spin through them (a decode step's next projection). */
+typedef struct {
+  const void *p[128];
+  int64_t bytes[128];
+  int32_t n;
+} ex_prefetch;
+void ex_prefetch_async(const ex_prefetch *req);
 
 /* ---- elementwise: a small register program run over tiles of an N-d iteration space ----
  * Registers are tiles of EX_TILE values, either float (compute in float32: f32, f16, bf16 data)
@@ -232,7 +243,12 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
  * res[j] (contiguous, m x n[j]) is added to weight j's outputs (a residual, as the last step). */
 int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
                    const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
-                   const float *const *res, float *y);
+                   const float *const *res, float *y, const ex_prefetch *then);
+/* then (NULL, or n = 0, for none) is handed to ex_prefetch_async once the product is done: the
+ * next one's weights.  ex_qgemm_prefetch_plan writes the request for a one-row product of these
+ * weights: the start of each stream it reads with the pool's present width, and of its scales. */
+void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t count, const int64_t *n,
+                            const void *const *wq, const void *const *scales, ex_prefetch *req);
 
 /* ---- GGUF-quantized linear: y[m, n] = x[m, k] @ W[n, k]^T (+ bias[n]), x/y/bias float32 ----
  * W: n rows of ggml blocks exactly as a GGUF file stores them (ex_ggml_row_bytes(type, k) bytes

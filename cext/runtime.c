@@ -9,7 +9,7 @@
  * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
  * that word, so a worker that wakes late can never run a chunk of a newer job.  Idle workers
  * spin briefly (for low dispatch latency between back-to-back ops) and then sleep on a
- * condition variable.  With one thread per CPU each worker is pinned to its own CPU, never the
+ * condition variable; the first one also serves ex_prefetch_async's requests while it waits.  With one thread per CPU each worker is pinned to its own CPU, never the
  * caller's (the caller stays free; the workers move when it does): unpinned, a worker woken
  * after a sleep was often put on the caller's CPU and shared it until the load balancer moved
  * one of them, which took longer than a whole inference.  EXPRESS_PIN_THREADS=0 leaves
@@ -315,19 +315,69 @@ static void place_workers(void) {
 
 static uint32_t g_start_gen[MAX_THREADS]; /* the job generation worker i starts from */
 
+/* ex_prefetch_async's request; a new one may be written while the worker reads the old one, so
+ * the fields are atomic (a torn request only prefetches the wrong lines: prefetches never fault) */
+static struct {
+  _Atomic uint32_t gen; /* bumped by each request */
+  _Atomic(const char *) p[128];
+  _Atomic int64_t bytes[128];
+  _Atomic int32_t n;
+} PF;
+
+/* run by worker 0 while no job newer than `gen` and no newer request has come */
+static void prefetch_request(uint32_t gen, uint32_t req) {
+  const int n = atomic_load_explicit(&PF.n, memory_order_relaxed);
+  const char *p[128];
+  int64_t bytes[128], most = 0;
+  for (int i = 0; i < n; i++) {
+    p[i] = atomic_load_explicit(&PF.p[i], memory_order_relaxed);
+    bytes[i] = atomic_load_explicit(&PF.bytes[i], memory_order_relaxed);
+    most = bytes[i] > most ? bytes[i] : most;
+  }
+  for (int64_t off = 0; off < most; off += 64) {
+    for (int i = 0; i < n; i++)
+      if (off < bytes[i]) __builtin_prefetch(p[i] + off, 0, 2);
+    if (ticket_gen(atomic_load_explicit(&P.ticket, memory_order_relaxed)) != gen ||
+        atomic_load_explicit(&PF.gen, memory_order_relaxed) != req)
+      return;
+  }
+}
+
+static void wake_all(void);
+
+void ex_prefetch_async(const ex_prefetch *req) {
+  const int n = req->n < 0 ? 0 : req->n > 128 ? 128 : req->n;
+  if (n == 0) return;
+  for (int i = 0; i < n; i++) {
+    atomic_store_explicit(&PF.p[i], (const char *)req->p[i], memory_order_relaxed);
+    atomic_store_explicit(&PF.bytes[i], req->bytes[i], memory_order_relaxed);
+  }
+  atomic_store_explicit(&PF.n, n, memory_order_relaxed);
+  atomic_fetch_add(&PF.gen, 1);
+  wake_all();
+}
+
 static void *worker_main(void *arg) {
   const uint32_t *start = arg;
-  uint32_t seen = *start;
+  const int prefetcher = start == &g_start_gen[0];
+  uint32_t seen = *start, req = atomic_load(&PF.gen);
   for (;;) {
     uint32_t g;
-    const int64_t t0 = now_ns();
+    int64_t t0 = now_ns();
     for (int spins = 0; (g = ticket_gen(atomic_load(&P.ticket))) == seen && !atomic_load(&P.stop);
          spins++) {
+      if (prefetcher && atomic_load_explicit(&PF.gen, memory_order_relaxed) != req) {
+        req = atomic_load(&PF.gen);
+        prefetch_request(seen, req);
+        t0 = now_ns();
+        continue;
+      }
       cpu_relax();
       if ((spins & 63) == 63 && now_ns() - t0 > SPIN_NS) {
         pthread_mutex_lock(&P.cv_lock);
         atomic_fetch_add(&P.sleeping, 1);
-        while (ticket_gen(atomic_load(&P.ticket)) == seen && !atomic_load(&P.stop))
+        while (ticket_gen(atomic_load(&P.ticket)) == seen && !atomic_load(&P.stop) &&
+               !(prefetcher && atomic_load(&PF.gen) != req))
           pthread_cond_wait(&P.cv, &P.cv_lock);
         atomic_fetch_sub(&P.sleeping, 1);
         pthread_mutex_unlock(&P.cv_lock);

@@ -292,6 +292,12 @@ class Plan:
                 self.thunks.append(out.op.prepare(out_arr, [array_of(x) for x in payload], **out.attrs))
         self.outputs = [array_of(r) for r in self.roots]
         self.n_steps = len(steps)
+        # a step that streams fixed weights from memory (a decode step's projections) says where
+        # its reads start; the one of them before it has the pool's idle worker prefetch those
+        # lines while the short steps in between run (ex_prefetch_async), the last the first's
+        chain = [f.prefetch for f in self.thunks if hasattr(f, "prefetch")]
+        for (_, then), (reads, _) in zip(chain, chain[1:] + chain[:1]):
+            ffi.memmove(then, reads, ffi.sizeof("ex_prefetch"))
 
     def run(self):
         for f in self.thunks:

@@ -72,3 +72,82 @@ def test_read_sum_matches_numpy(isa, threads, n):
         assert got == pytest.approx(float(v.astype(np.float64).sum()), rel=1e-5, abs=1e-4)
     assert lib.ex_read_sum(ffi.NULL, 10) == 0.0
     assert lib.ex_read_sum(ffi.cast("float *", a.ctypes.data), -1) == 0.0
+
+
+def _prefetch_plan(bits, k, group, weights):
+    req = ffi.new("ex_prefetch *")
+    ns = ffi.new("int64_t[]", [n for n, _, _ in weights])
+    wq = ffi.new("void *[]", [ffi.cast("void *", q.ctypes.data) for _, q, _ in weights])
+    sc = ffi.new("void *[]", [ffi.cast("void *", s.ctypes.data) for _, _, s in weights])
+    lib.ex_qgemm_prefetch_plan(bits, k, group, len(weights), ns, wq, sc, req)
+    return [(int(ffi.cast("uintptr_t", req.p[i])), req.bytes[i]) for i in range(req.n)]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prefetch_plan_names_each_streams_start_inside_its_weight(threads, bits):
+    """The lines ex_qgemm_prefetch_plan asks the idle worker for: where each of the 4 streams of
+    each thread's share of the row groups starts, in the weights and in their scales, never past
+    either buffer's end."""
+    k, group = 96, 32
+    weights = []
+    for n in (200, 65, 16):
+        q, s = quantize_weight(np.ones((n, k), np.float32), bits, group)
+        weights.append((n, q, s))
+    req = _prefetch_plan(bits, k, group, weights)
+    assert req and len(req) <= 128
+    starts = {id(q): set() for _, q, _ in weights}
+    for addr, nbytes in req:
+        (a,) = [a for _, q, s in weights for a in (q, s)
+                if a.ctypes.data <= addr and addr + nbytes <= a.ctypes.data + a.nbytes]
+        assert nbytes > 0
+        group_bytes = a.nbytes // a.shape[0]  # one 16-row group of weights or of scales
+        assert (addr - a.ctypes.data) % group_bytes == 0
+        if id(a) in starts:
+            starts[id(a)].add((addr - a.ctypes.data) // group_bytes)
+    # one thread: each weight whole, in 4 parts (13 groups as 4 + 3 + 3 + 3; 5 as 2 + 1 + 1 + 1)
+    if threads == 1:
+        assert [sorted(starts[id(q)]) for _, q, _ in weights] == [[0, 4, 7, 10], [0, 2, 3, 4], [0]]
+    assert all(0 in v for v in starts.values())
+    assert _prefetch_plan(5, k, group, weights) == [] and _prefetch_plan(bits, 48, group, weights) == []
+
+
+def test_prefetch_request_of_bad_addresses_never_faults(threads):
+    """A request is only a hint: lines that are not mapped are skipped by the CPU, a count out of
+    range is clipped, and the next job still runs and is right."""
+    req = ffi.new("ex_prefetch *")
+    req.n = 3
+    for i, addr in enumerate((0, 64, (1 << 47) - 4096)):
+        req.p[i] = ffi.cast("void *", addr)
+        req.bytes[i] = 1 << 20
+    lib.ex_prefetch_async(req)
+    req.n = 1000
+    lib.ex_prefetch_async(req)
+    req.n = -5
+    lib.ex_prefetch_async(req)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
+    q, s = quantize_weight(w, 8, 32)
+    y = qlinear(ex.asarray(x), q, s, bits=8, group_size=32, out_features=40).numpy()
+    np.testing.assert_allclose(y, rounded_x(x) @ dequantize_weight(q, s, 8, 32, 40).T, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_decode_step_chains_the_prefetches():
+    """In a compiled one-row plan each quantized product hands the pool the next one's weights
+    (the last the first's), and the results are those of the products run alone."""
+    rng = np.random.default_rng(3)
+    ws = [quantize_weight(rng.standard_normal((n, 64)).astype(np.float32), 4, 32) for n in (64, 48, 64)]
+
+    def step(x):
+        h = qlinear(x, *ws[0], bits=4, group_size=32, out_features=64)
+        h = qlinear(h * 0.5 + 1, *ws[1], bits=4, group_size=32, out_features=48)
+        return qlinear(ex.concat([h, h[:, :16]], axis=1), *ws[2], bits=4, group_size=32, out_features=64)
+    f = ex.compile(step)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    got = f(ex.asarray(x)).numpy()
+    plan = next(iter(f.cache.values())).plan
+    chain = [t.prefetch for t in plan.thunks if hasattr(t, "prefetch")]
+    assert len(chain) == 3
+    size = ffi.sizeof("ex_prefetch")
+    for (_, then), (reads, _) in zip(chain, chain[1:] + chain[:1]):
+        assert reads.n > 0 and ffi.buffer(then, size)[:] == ffi.buffer(reads, size)[:]
+    assert np.array_equal(got, step(ex.asarray(x)).numpy())

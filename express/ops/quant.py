@@ -142,8 +142,18 @@ def _qlinear_prepare(out, ins, bits, group_size, ns, biased, has_res=False):
             if any(biased) else ffi.NULL,
             ffi.new("float *[]", [ffi.cast("float *", ptr(ins[-1]))]) if has_res else ffi.NULL)
     m, k = x.shape
-    args = (bits, m, k, group_size, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)),)
-    return lambda: check(lib.ex_qgemm_multi(*args), "qlinear")
+    # a one-row product (a decode step) is memory-bound: the plan has the one before it prefetch
+    # this one's weights (`reads`) and fills `then` with the next one's (plan.py)
+    then = ffi.new("ex_prefetch *") if m == 1 else ffi.NULL
+    args = (bits, m, k, group_size, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)), then)
+
+    def run():
+        check(lib.ex_qgemm_multi(*args), "qlinear")
+    if m == 1:
+        reads = ffi.new("ex_prefetch *")
+        lib.ex_qgemm_prefetch_plan(bits, k, group_size, count, keep[0], keep[1], keep[2], reads)
+        run.prefetch = (reads, then)
+    return run
 
 
 # a residual (has_res, one weight only) is set by the planner's epilogue fusion (express/fusion.py)
