@@ -440,8 +440,8 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
   return _mm512_add_epi32(d0, d1);
 }
 
-/* m = 1: S streams side by side, stream q walking the row groups g0 + q * count + i (i < count),
- * each a run of 64-byte steps (4 values of 16 rows) prefetched QG_PF1 ahead into L1, against 4
+/* m = 1: S streams side by side, stream q walking the row groups start[q] + i (i < count), each
+ * a run of 64-byte steps (4 values of 16 rows) prefetched QG_PF1 ahead into L1, against 4
  * values of x broadcast from memory.  One stream leaves a core short of the memory's rate: on
  * the Intel Xeon host of docs/benchmarks.rst, a Qwen2.5-0.5B int4 decode step's GEMVs took 20.6 ms
  * at one thread as one stream (a stream prefetched 16 KB ahead into L2 and 1 KB into L1), 17.2 -
