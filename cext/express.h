@@ -241,6 +241,11 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
  * gate/up projections).  y is [m, n[0] + ... + n[count - 1]], weight j's outputs in the columns
  * after those of weights 0 .. j - 1; bias and res may be NULL, or arrays whose entries may be NULL:
  * res[j] (contiguous, m x n[j]) is added to weight j's outputs (a residual, as the last step). */
+/* rows[0 .. count) of such a weight with n rows, dequantized into out (count x k): an embedding
+ * lookup from a quantized table, reading only those rows' bytes; EX_EINVAL for a row outside
+ * [0, n) */
+int ex_qgemm_rows(int32_t bits, int64_t n, int64_t k, int64_t group, const void *wq, const void *scales,
+                  const int64_t *rows, int64_t count, float *out);
 int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
                    const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
                    const float *const *res, float *y, const ex_prefetch *then);

@@ -632,6 +632,37 @@ void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t coun
     }
 }
 
+int ex_qgemm_rows(int32_t bits, int64_t n, int64_t k, int64_t group, const void *wq, const void *scales,
+                  const int64_t *rows, int64_t count, float *out) {
+  if ((bits != 4 && bits != 8) || n < 0 || k <= 0 || group <= 0 || group % 32 || k % group || count < 0)
+    return EX_EINVAL;
+  for (int64_t i = 0; i < count; i++)
+    if (rows[i] < 0 || rows[i] >= n) return EX_EINVAL;
+  const int64_t nb = k / 32, ng = k / group, per_g = group / 32, cb = bits == 8 ? 512 : 256;
+  for (int64_t i = 0; i < count; i++) {
+    const int64_t r = rows[i] % QG_ROWS;
+    const uint8_t *w = (const uint8_t *)wq + rows[i] / QG_ROWS * nb * cb;
+    const uint16_t *sc = (const uint16_t *)scales + rows[i] / QG_ROWS * ng * QG_ROWS;
+    float *y = out + i * k;
+    /* a 32-value block of the group is 4-byte runs, one per row, run t holding values 4t .. 4t + 3
+     * (int8), or their low nibbles values 4t .. 4t + 3 and high nibbles 16 + 4t .. (int4) */
+    for (int64_t b = 0; b < nb; b++, w += cb, y += 32) {
+      const float d = half_to_f32(sc[b / per_g * QG_ROWS + r]);
+      for (int t = 0; t < (bits == 8 ? 8 : 4); t++)
+        for (int j = 0; j < 4; j++) {
+          const uint8_t v = w[(t * QG_ROWS + r) * 4 + j];
+          if (bits == 8) {
+            y[4 * t + j] = (float)(int8_t)v * d;
+          } else {
+            y[4 * t + j] = (float)((v & 15) - 8) * d;
+            y[16 + 4 * t + j] = (float)((v >> 4) - 8) * d;
+          }
+        }
+    }
+  }
+  return EX_OK;
+}
+
 int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const float *x, const void *wq,
              const void *scales, const float *bias, float *y) {
   return ex_qgemm_multi(bits, m, k, group, x, 1, &n, &wq, &scales, bias ? &bias : NULL, NULL, y, NULL);

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .._lib import check, ffi, lib, ptr
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, OutOfRangeError, ShapeError
 from ..tensor import as_tensor, node
 from .elementwise import astype
 from .registry import defop
@@ -85,19 +85,20 @@ def dequantize_weight(qweight, scales, bits: int, group_size: int, out_features:
 
 
 def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.ndarray:
-    """Rows `rows` of the dequantized weight (an embedding lookup from a quantized table)."""
-    rows = np.asarray(rows, np.int64).reshape(-1)
-    q, s = np.asarray(qweight), np.asarray(scales)
-    G, r = rows // ROWS, rows % ROWS
-    nb = q.shape[1]
-    # only the rows' own bytes (a decode step looks up one row: 0.26 -> 0.02 ms at k = 896)
-    if bits == 8:  # [R][b][t][r][j]
-        v = q[G].view(np.int8).reshape(len(rows), nb, 8, ROWS, 4)[np.arange(len(rows)), :, :, r].astype(np.float32)
-    else:          # [R][b][t][r][j], low nibbles the block's first 16 values, high nibbles the rest
-        b = q[G].reshape(len(rows), nb, 4, ROWS, 4)[np.arange(len(rows)), :, :, r]
-        v = np.stack([b & 15, b >> 4], axis=2).astype(np.float32) - 8
-    sc = s[G, :, r].astype(np.float32)  # (rows, in / group)
-    return (v.reshape(len(rows), -1, group_size) * sc[..., None]).reshape(len(rows), nb * 32)
+    """Rows `rows` of the dequantized weight (an embedding lookup from a quantized table), reading
+    only those rows' bytes (a decode step's lookup: 0.13 ms in NumPy, cold, against a few us)."""
+    rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
+    q, s = np.ascontiguousarray(qweight), np.ascontiguousarray(scales)
+    k = q.shape[1] * 32
+    out = np.empty((len(rows), k), np.float32)
+    rc = lib.ex_qgemm_rows(int(bits), ROWS * q.shape[0], k, int(group_size), ffi.cast("void *", ptr(q)),
+                           ffi.cast("void *", ptr(s)), ffi.cast("int64_t *", ptr(rows)), len(rows),
+                           ffi.cast("float *", ptr(out)))
+    if rc == lib.EX_EINVAL and len(rows) and not (0 <= rows.min() and rows.max() < ROWS * q.shape[0]):
+        raise OutOfRangeError(f"dequantize_rows: row {rows[(rows < 0) | (rows >= ROWS * q.shape[0])][0]} is "
+                              f"outside the table's {ROWS * q.shape[0]} rows")
+    check(rc, "dequantize_rows")
+    return out
 
 
 def _qlinear_infer(x, *ins, bits, group_size, ns, biased, has_res=False):

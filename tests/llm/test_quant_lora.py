@@ -158,6 +158,10 @@ def test_quantize_weight_roundtrip_and_error_bounds():
         q, s = quantize_weight(big, bits, 64)
         rows = [36, 0, 17, 17, 15, 16]
         np.testing.assert_array_equal(dequantize_rows(q, s, bits, 64, rows), dequantize_weight(q, s, bits, 64, 37)[rows])
+        assert dequantize_rows(q, s, bits, 64, []).shape == (0, 128)
+        for bad in ([48], [-1], [3, 100]):  # past the table's 48 rows (3 groups of 16): an error, not a read
+            with pytest.raises(ex.OutOfRangeError, match="dequantize_rows"):
+                dequantize_rows(q, s, bits, 64, bad)
 
 
 def test_qlinear_bad_input():
