@@ -9,11 +9,11 @@
  * ticket word (generation | next chunk | chunk count); participants claim chunks with CAS on
  * that word, so a worker that wakes late can never run a chunk of a newer job.  Idle workers
  * spin briefly (for low dispatch latency between back-to-back ops) and then sleep on a
- * condition variable; the first one also serves ex_prefetch_async's requests while it waits.  With one thread per CPU each worker is pinned to its own CPU, never the
- * caller's (the caller stays free; the workers move when it does): unpinned, a worker woken
- * after a sleep was often put on the caller's CPU and shared it until the load balancer moved
- * one of them, which took longer than a whole inference.  EXPRESS_PIN_THREADS=0 leaves
- * placement to the OS. */
+ * condition variable; the first one also serves ex_prefetch_async's requests while it waits.
+ * With one thread per CPU each worker is pinned to its own CPU, never the caller's (the caller
+ * stays free; the workers move when it does): unpinned, a worker woken after a sleep was often
+ * put on the caller's CPU and shared it until the load balancer moved one of them, which took
+ * longer than a whole inference.  EXPRESS_PIN_THREADS=0 leaves placement to the OS. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -346,7 +346,7 @@ static void prefetch_request(uint32_t gen, uint32_t req) {
 static void wake_all(void);
 
 void ex_prefetch_async(const ex_prefetch *req) {
-  const int n = req->n < 0 ? 0 : req->n > 128 ? 128 : req->n;
+  const int n = !req || req->n < 0 ? 0 : req->n > 128 ? 128 : req->n;
   if (n == 0) return;
   for (int i = 0; i < n; i++) {
     atomic_store_explicit(&PF.p[i], (const char *)req->p[i], memory_order_relaxed);

@@ -124,6 +124,7 @@ def test_prefetch_request_of_bad_addresses_never_faults(threads):
     lib.ex_prefetch_async(req)
     req.n = -5
     lib.ex_prefetch_async(req)
+    lib.ex_prefetch_async(ffi.NULL)
     x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((40, 64)).astype(np.float32)
     q, s = quantize_weight(w, 8, 32)

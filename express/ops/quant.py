@@ -89,7 +89,14 @@ def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.nda
     only those rows' bytes (a decode step's lookup: 0.13 ms in NumPy, cold, against a few us)."""
     rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
     q, s = np.ascontiguousarray(qweight), np.ascontiguousarray(scales)
-    k = q.shape[1] * 32
+    if bits not in (4, 8) or q.dtype != (np.int8 if bits == 8 else np.uint8) or s.dtype != np.float16:
+        raise DTypeError(f"dequantize_rows: {bits}-bit weights {q.dtype} with scales {s.dtype} are not a packed "
+                         "int4 (uint8) / int8 table with float16 scales")
+    k = q.shape[1] * 32 if q.ndim == 3 else 0
+    if (q.ndim != 3 or q.shape[2] != (32 if bits == 8 else 16) * ROWS or group_size < 32 or group_size % 32
+            or k % group_size or s.shape != (q.shape[0], k // group_size, ROWS)):
+        raise ShapeError(f"dequantize_rows: weights {q.shape} and scales {s.shape} are not a {bits}-bit table "
+                         f"packed with group size {group_size}")
     out = np.empty((len(rows), k), np.float32)
     rc = lib.ex_qgemm_rows(int(bits), ROWS * q.shape[0], k, int(group_size), ffi.cast("void *", ptr(q)),
                            ffi.cast("void *", ptr(s)), ffi.cast("int64_t *", ptr(rows)), len(rows),

@@ -162,6 +162,12 @@ def test_quantize_weight_roundtrip_and_error_bounds():
         for bad in ([48], [-1], [3, 100]):  # past the table's 48 rows (3 groups of 16): an error, not a read
             with pytest.raises(ex.OutOfRangeError, match="dequantize_rows"):
                 dequantize_rows(q, s, bits, 64, bad)
+        # a table that is not one: checked before the C kernel reads it
+        for args, err in (((q.astype(np.float32), s, bits, 64), ex.DTypeError), ((q, s, 12 - bits, 64), ex.DTypeError),
+                          ((q, s.astype(np.float32), bits, 64), ex.DTypeError), ((q[:, :1], s, bits, 64), ex.ShapeError),
+                          ((q, s, bits, 32), ex.ShapeError), ((q, s, bits, 48), ex.ShapeError)):
+            with pytest.raises(err, match="dequantize_rows"):
+                dequantize_rows(*args, [0])
 
 
 def test_qlinear_bad_input():
