@@ -770,17 +770,40 @@ static void wgp_out(void *vctx, int64_t o0, int64_t o1) {
   wg_out(c->g, c->t0, c->M, o0, o1);
 }
 
+typedef struct {
+  const ex_conv_params *p;
+  const float *x;
+  float *xp;
+  int64_t ph, pw;
+} wpad_ctx;
+
+/* planes [q0, q1): each row's zeros and copy written once */
+static void wpad_task(void *vctx, int64_t q0, int64_t q1) {
+  const wpad_ctx *c = vctx;
+  const ex_conv_params *p = c->p;
+  const int64_t left = EX_MIN(p->pw, c->pw), ncopy = EX_MAX(0, EX_MIN(p->w, c->pw - left));
+  for (int64_t q = q0; q < q1; q++)
+    for (int64_t iy = 0; iy < c->ph; iy++) {
+      float *row = c->xp + (q * c->ph + iy) * c->pw;
+      const int64_t sy = iy - p->ph;
+      if (sy < 0 || sy >= p->h) {
+        memset(row, 0, (size_t)c->pw * sizeof(float));
+        continue;
+      }
+      memset(row, 0, (size_t)left * sizeof(float));
+      memcpy(row + left, c->x + (q * p->h + sy) * p->w, (size_t)ncopy * sizeof(float));
+      memset(row + left + ncopy, 0, (size_t)(c->pw - left - ncopy) * sizeof(float));
+    }
+}
+
 /* the input zero-padded to ph x pw per plane (the padding at the top left, as p says) in the
- * SC_WG_X scratch buffer, so that every Winograd tile reads in bounds; NULL if out of memory */
+ * SC_WG_X scratch buffer, so that every Winograd tile reads in bounds; NULL if out of memory.
+ * On the pool: one thread took a tenth of a 64-channel 56 x 56 layer's time at two threads. */
 static float *wg_padded(const ex_conv_params *p, const float *x, int64_t ph, int64_t pw) {
-  const size_t n = (size_t)(p->n * p->c * ph * pw);
-  float *xp = sc_take(SC_WG_X, n);
+  float *xp = sc_take(SC_WG_X, (size_t)(p->n * p->c * ph * pw));
   if (!xp) return NULL;
-  memset(xp, 0, n * sizeof(float));
-  const int64_t ncopy = EX_MAX(0, EX_MIN(p->w, pw - p->pw));
-  for (int64_t q = 0; q < p->n * p->c; q++)
-    for (int64_t iy = 0; iy < p->h && iy + p->ph < ph; iy++)
-      memcpy(xp + (q * ph + iy + p->ph) * pw + p->pw, x + (q * p->h + iy) * p->w, (size_t)ncopy * sizeof(float));
+  wpad_ctx c = {p, x, xp, ph, pw};
+  ex_parallel_for(p->n * p->c, EX_MAX(1, 16384 / (ph * pw)), wpad_task, &c);
   return xp;
 }
 
