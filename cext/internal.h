@@ -67,6 +67,9 @@ extern const ex_kernel_table ex_kernels_avx512;
  * thread, inside another task, or while another thread holds the pool. */
 typedef void (*ex_task_fn)(void *ctx, int64_t begin, int64_t end);
 void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx);
+/* The items in each range that ex_parallel_for(n, grain, ...) issued from here would make (the
+ * last may be shorter; n when it would run inline), for a caller that plans around its split. */
+int64_t ex_parallel_per(int64_t n, int64_t grain);
 /* Threads a parallel_for issued from here would use (1 inside a task). */
 int ex_pool_width(void);
 

@@ -458,13 +458,19 @@ int ex_get_num_threads(void) {
 
 int ex_pool_width(void) { return t_in_task ? 1 : ex_get_num_threads(); }
 
-void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
-  if (n <= 0) return;
+int64_t ex_parallel_per(int64_t n, int64_t grain) {
+  if (n <= 0) return 0;
   if (grain < 1) grain = 1;
   const int nt = ex_pool_width();
-  int64_t chunks = (n + grain - 1) / grain;
-  if (chunks > 4 * (int64_t)nt) chunks = 4 * (int64_t)nt;
-  if (nt == 1 || chunks <= 1 || pthread_mutex_trylock(&P.run_lock) != 0) {
+  const int64_t chunks = (n + grain - 1) / grain, most = 4 * (int64_t)nt;
+  if (nt == 1 || chunks <= 1) return n;
+  return (n + (chunks < most ? chunks : most) - 1) / (chunks < most ? chunks : most);
+}
+
+void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
+  if (n <= 0) return;
+  const int64_t per = ex_parallel_per(n, grain);
+  if (per >= n || pthread_mutex_trylock(&P.run_lock) != 0) {
     fn(ctx, 0, n);
     return;
   }
@@ -478,8 +484,8 @@ void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
   P.fn = fn;
   P.ctx = ctx;
   P.n = n;
-  P.per = (n + chunks - 1) / chunks;
-  chunks = (n + P.per - 1) / P.per;
+  P.per = per;
+  const int64_t chunks = (n + per - 1) / per;
   atomic_store(&P.done, 0);
   const uint32_t gen = ++P.gen;
   atomic_store(&P.ticket, (uint64_t)gen << 32 | (uint64_t)chunks); /* publishes the job */

@@ -65,7 +65,7 @@
     const int rem_ = (int)(((g1) - (g0)) % QG_STREAMS);                                           \
     int64_t start_[QG_STREAMS], tail_[QG_STREAMS];                                                \
     for (int q_ = 0; q_ < QG_STREAMS; q_++) {                                                     \
-      start_[q_] = (g0) + q_ * base_ + (q_ < rem_ ? q_ : rem_);                                   \
+      start_[q_] = qg_part_start(g0, g1, q_);                                                     \
       tail_[q_] = start_[q_] + base_;                                                             \
     }                                                                                             \
     if (base_) STREAMS(c, start_, base_, QG_STREAMS, BITS);                                       \
@@ -78,6 +78,16 @@ _Static_assert(QG_STREAMS == 4, "QG_PARTS walks a rest of at most 3 groups");
 #define QG_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
 #define QG_ITEM1 4      /* row groups a parallel_for item at m = 1 */
+
+/* where part q of QG_PARTS' split of [g0, g1) starts (part QG_STREAMS: g1) */
+static inline int64_t qg_part_start(int64_t g0, int64_t g1, int64_t q) {
+  return g0 + q * ((g1 - g0) / QG_STREAMS) + QG_MIN(q, (g1 - g0) % QG_STREAMS);
+}
+
+/* bits, k and group a packed weight can have */
+static inline int qg_shape_ok(int32_t bits, int64_t k, int64_t group) {
+  return (bits == 4 || bits == 8) && k > 0 && group > 0 && group % 32 == 0 && k % group == 0;
+}
 
 typedef struct {
   int32_t bits;
@@ -560,9 +570,7 @@ static void multi_task(void *ctx, int64_t g0, int64_t g1) {
 int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const float *x, int32_t count,
                    const int64_t *n, const void *const *wq, const void *const *scales, const float *const *bias,
                    const float *const *res, float *y, const ex_prefetch *then) {
-  if ((bits != 4 && bits != 8) || m < 0 || k <= 0 || group <= 0 || group % 32 || k % group || count < 1 ||
-      count > QG_MULTI_MAX)
-    return EX_EINVAL;
+  if (!qg_shape_ok(bits, k, group) || m < 0 || count < 1 || count > QG_MULTI_MAX) return EX_EINVAL;
   int64_t ldy = 0;
   for (int32_t j = 0; j < count; j++) {
     if (n[j] < 0) return EX_EINVAL;
@@ -605,24 +613,17 @@ int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const floa
 void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t count, const int64_t *n,
                             const void *const *wq, const void *const *scales, ex_prefetch *req) {
   req->n = 0;
-  if ((bits != 4 && bits != 8) || k <= 0 || group <= 0 || group % 32 || k % group || count < 1 ||
-      count > QG_MULTI_MAX)
-    return;
+  if (!qg_shape_ok(bits, k, group) || count < 1 || count > QG_MULTI_MAX) return;
   int64_t first[QG_MULTI_MAX + 1] = {0};
   for (int32_t j = 0; j < count; j++) first[j + 1] = first[j] + (QG_MAX(n[j], 0) + QG_ROWS - 1) / QG_ROWS;
-  /* the ranges ex_parallel_for makes of first[count] items (QG_ITEM1 each) on the pool's threads */
   const int64_t items = first[count], cb = (bits == 8 ? 512 : 256) * (k / 32), sb = 2 * QG_ROWS * (k / group);
-  const int nt = ex_pool_width();
-  const int64_t chunks = nt == 1 ? 1 : QG_MIN((items + QG_ITEM1 - 1) / QG_ITEM1, 4 * (int64_t)nt);
-  if (items == 0) return;
-  const int64_t per = (items + chunks - 1) / chunks;
+  /* the ranges ex_qgemm_multi's ex_parallel_for makes, each weight's part in QG_PARTS' streams */
+  const int64_t per = ex_parallel_per(items, QG_ITEM1);
   for (int64_t g0 = 0; g0 < items; g0 += per)
     for (int32_t j = 0; j < count; j++) {
-      const int64_t lo = QG_MAX(g0, first[j]), hi = QG_MIN(g0 + per, first[j + 1]);
-      /* the streams QG_PARTS makes of [lo, hi) */
-      const int64_t base = (hi - lo) / QG_STREAMS, rem = (hi - lo) % QG_STREAMS;
+      const int64_t lo = QG_MAX(g0, first[j]) - first[j], hi = QG_MIN(g0 + per, first[j + 1]) - first[j];
       for (int64_t q = 0; q < QG_STREAMS && lo < hi && req->n + 2 <= 128; q++) {
-        const int64_t R = lo - first[j] + q * base + QG_MIN(q, rem), len = base + (q < rem);
+        const int64_t R = qg_part_start(lo, hi, q), len = qg_part_start(lo, hi, q + 1) - R;
         if (len == 0) break;
         req->p[req->n] = (const uint8_t *)wq[j] + R * cb;
         req->bytes[req->n++] = QG_MIN(QG_PF_IDLE, len * cb);
@@ -634,8 +635,7 @@ void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t coun
 
 int ex_qgemm_rows(int32_t bits, int64_t n, int64_t k, int64_t group, const void *wq, const void *scales,
                   const int64_t *rows, int64_t count, float *out) {
-  if ((bits != 4 && bits != 8) || n < 0 || k <= 0 || group <= 0 || group % 32 || k % group || count < 0)
-    return EX_EINVAL;
+  if (!qg_shape_ok(bits, k, group) || n < 0 || count < 0) return EX_EINVAL;
   for (int64_t i = 0; i < count; i++)
     if (rows[i] < 0 || rows[i] >= n) return EX_EINVAL;
   const int64_t nb = k / 32, ng = k / group, per_g = group / 32, cb = bits == 8 ? 512 : 256;
