@@ -45,15 +45,29 @@
 #define QG_MR512 8
 /* software prefetch distances (bytes) for streaming weights: a hardware prefetcher alone leaves a
  * single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 blocks of
- * m > 1 prefetch QG_PF ahead into L1, the m = 1 GEMVs QG_PF1 ahead into L1 in each of their
- * QG_STREAMS). */
+ * m > 1 prefetch QG_PF ahead into L1).  The m = 1 GEMVs prefetch each of their QG_STREAMS
+ * QG_PF2 ahead into L2 and QG_PF1 into L1: a line prefetched into L1 holds one of the core's few
+ * L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a Zen 4 core,
+ * a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
+ * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating). */
 #define QG_PF 8192
-#define QG_PF1 2048
+#define QG_PF1 512
+#define QG_PF2 4096
 #define QG_STREAMS 4
 /* bytes of each stream the idle worker prefetches before a one-row product (ex_prefetch_async):
  * a Qwen2.5-0.5B decode step at two threads, 32 streams, 11.5 -> 11.2 ms (int4) and 20.6 -> 20.2
  * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8 */
 #define QG_PF_IDLE 8192
+/* a one-row GEMV's stream at w, before it reads the cb bytes there (see QG_PF2) */
+static inline __attribute__((always_inline)) void gemv_prefetch(const uint8_t *w, int64_t cb) {
+#if defined(__x86_64__)
+  for (int64_t l = 0; l < cb; l += 64) {
+    _mm_prefetch((const char *)w + QG_PF1 + l, _MM_HINT_T0);
+    _mm_prefetch((const char *)w + QG_PF2 + l, _MM_HINT_T1);
+  }
+#endif
+}
+
 /* Row groups [g0, g1) of a one-row GEMV as QG_STREAMS parts whose lengths differ by at most one,
  * walked side by side by STREAMS(c, start, count, S, BITS) (S parts from start[0 .. S), count
  * groups each): one pass over every part's first groups, then one over the extra group of the
@@ -306,7 +320,7 @@ AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(cons
       const __m256 xs = _mm256_set1_ps(c->xs[b]);
       const __m256i xc = BITS == 4 ? _mm256_set1_epi32(c->xc[b]) : _mm256_setzero_si256();
       for (int q = 0; q < S; q++) {
-        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w[q] + QG_PF1 + l, _MM_HINT_T0);
+        gemv_prefetch(w[q], cb);
         for (int h = 0; h < 2; h++) {
           const __m256 sw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s[q] + 8 * h))), xs);
           const __m256i d = _mm256_sub_epi32(block_dot_avx2(w[q] + 32 * h, x, BITS), xc);
@@ -451,7 +465,7 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
 }
 
 /* m = 1: S streams side by side, stream q walking the row groups start[q] + i (i < count), each
- * a run of 64-byte steps (4 values of 16 rows) prefetched QG_PF1 ahead into L1, against 4
+ * a run of 64-byte steps (4 values of 16 rows) prefetched by gemv_prefetch, against 4
  * values of x broadcast from memory.  One stream leaves a core short of the memory's rate: on
  * the Intel Xeon host of docs/benchmarks.rst, a Qwen2.5-0.5B int4 decode step's GEMVs took 20.6 ms
  * at one thread as one stream (a stream prefetched 16 KB ahead into L2 and 1 KB into L1), 17.2 -
@@ -476,7 +490,7 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
       const int8_t *x = c->xq + b * 32;
       const __m512 xs = _mm512_set1_ps(c->xs[b]);
       for (int q = 0; q < S; q++) {
-        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w[q] + QG_PF1 + l, _MM_HINT_T0);
+        gemv_prefetch(w[q], cb);
         const __m512 sw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[q])), xs);
         acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot_vnni(w[q], x, c->xc[b], BITS)), sw, acc[q]);
         w[q] += cb;
