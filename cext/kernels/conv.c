@@ -135,6 +135,21 @@ static void im2col_task(void *vctx, int64_t r0, int64_t r1) {
   }
 }
 
+/* rows [r0, r1) of x (w floats each) split into their even then odd columns, into xd */
+typedef struct {
+  const float *x;
+  float *xd;
+  int64_t w;
+} dei_ctx;
+
+static void dei_task(void *vctx, int64_t r0, int64_t r1) {
+  const dei_ctx *g = vctx;
+  for (int64_t r = r0; r < r1; r++) {
+    float *ev = g->xd + r * g->w;
+    deinterleave(g->x + r * g->w, g->w, ev, ev + (g->w + 1) / 2);
+  }
+}
+
 /* Few output positions (7x7, 14x14) and many channels: T[N, ocg] = col^T @ W^T fills the
  * MR x NR tiles better than W @ col (N = 49 fills 49 of 64 NR columns, but 49 of 56 MR rows);
  * the weights are then pre-packed as B, and the result is transposed with the epilogue. */
@@ -245,12 +260,10 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
   for (int64_t b = 0; b < p->n && !err; b++)
     for (int64_t g = 0; g < G && !err; g++) {
       const float *xg = x + (b * p->c + g * cg) * p->h * p->w;
-      if (xd) /* deinterleave the group's rows once: strided gathers become copies */
-        for (int64_t r = 0; r < cg * p->h; r++) {
-          const float *src = xg + r * p->w;
-          float *ev = xd + r * p->w;
-          deinterleave(src, p->w, ev, ev + (p->w + 1) / 2);
-        }
+      if (xd) { /* deinterleave the group's rows once: strided gathers become copies */
+        dei_ctx dc = {xg, xd, p->w};
+        ex_parallel_for(cg * p->h, EX_MAX(1, 8192 / p->w), dei_task, &dc);
+      }
       const int64_t yo = (b * p->oc + g * ocg) * N;
       for (int64_t oy0 = 0; oy0 < p->oh && !err; oy0 += rows) {
         const int64_t oy1 = EX_MIN(p->oh, oy0 + rows), Nc = (oy1 - oy0) * p->ow, o0 = oy0 * p->ow;
