@@ -97,6 +97,28 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
 
 
+# a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
+# column at a time (uk_cols): planes of 81 (5 x 16 + 1), 100 (+ 4) and 98 (+ 2) outputs, and 77
+# (+ 13, the masked vector) for contrast; 20 output channels (a partial 6-row panel); depths of
+# one K block (43 and 387: past the last multiple of 4) and of two (600); bias per output
+# channel, residual, activations
+@pytest.mark.parametrize("hw", [(9, 9), (10, 10), (7, 14), (7, 11)])
+@pytest.mark.parametrize("c,k", [(43, 1), (600, 1), (43, 3)])
+@pytest.mark.parametrize("act,bias,res", [("none", False, False), ("relu", True, True), ("relu6", True, False),
+                                          ("gelu", True, True)])
+def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
+    h, w = hw
+    oc = 20
+    x, wt = rnd(1, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(1, oc, h, w) if res else None
+    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    for pack in (False, True):
+        got = conv1x1(x, wt, act, b, r, pack)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+
+
 def test_conv_small_plane_relu_keeps_nan(isa):
     """The transposed form's in-register ReLU lets NaN through, as NumPy and act_row do."""
     x, wt = rnd(1, 32, 7, 7), rnd(64, 32, 1, 1)

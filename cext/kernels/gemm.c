@@ -275,6 +275,40 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
   uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, NR, c, ldc, acc, NULL, 0);
 }
 
+/* columns [j0, j0 + ncol) of a tile with a packed A panel, one column at a time: the rows of A
+ * as one vector against each value of the column broadcast.  A last vector of a few columns
+ * costs uk_body as much as a full one (a Winograd GEMM of 49 tiles computes 64 columns); this
+ * costs each column about 1/16 of that. */
+#define UK_COLS 4 /* at most this many columns go this way */
+static void uk_cols(int rows, int j0, int ncol, int64_t kc, const float *a, const float *b, int64_t bs, float *c,
+                    int64_t ldc, int acc, const uk_epi *e) {
+  const __mmask16 mr = (__mmask16)((1u << rows) - 1);
+  for (int j = j0; j < j0 + ncol; j++) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0; /* four chains: the FMA latency */
+    const float *bj = b + j;
+    int64_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+      s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mr, a + p * MR), _mm512_set1_ps(bj[p * bs]), s0);
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mr, a + (p + 1) * MR), _mm512_set1_ps(bj[(p + 1) * bs]), s1);
+      s2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mr, a + (p + 2) * MR), _mm512_set1_ps(bj[(p + 2) * bs]), s2);
+      s3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mr, a + (p + 3) * MR), _mm512_set1_ps(bj[(p + 3) * bs]), s3);
+    }
+    for (; p < kc; p++) s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mr, a + p * MR), _mm512_set1_ps(bj[p * bs]), s0);
+    float v[16];
+    _mm512_storeu_ps(v, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    for (int i = 0; i < rows; i++) {
+      float *ci = c + i * ldc + j, r = acc ? *ci + v[i] : v[i];
+      if (e) {
+        if (e->rb) r += e->rb[i];
+        if (e->cb) r += e->cb[j];
+        if (e->res) r += e->res[i * e->res_ld + j];
+        r = act_f(e->act, r);
+      }
+      *ci = r;
+    }
+  }
+}
+
 /* one instance per row count, width and A form (packed panel, or rows `as` apart read in place):
  * a partial panel (m not a multiple of MR, or n of NR) computes only its rows and (to 16
  * columns) its width */
@@ -311,8 +345,13 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
     e.act = ep->act;
     *fused = 1;
   }
-  const int nv = nr > 16 ? 2 : 1;
-  const __mmask16 mk = (__mmask16)((1u << (nr - 16 * (nv - 1))) - 1);
+  const int nv = nr > 16 ? 2 : 1, w = (int)nr - 16 * (nv - 1); /* columns of the last vector */
+  if (!as && w <= UK_COLS) { /* a packed A panel and a last vector of a few columns */
+    if (nv == 2) UK_TAB[0][0][mr](kc, a, 0, b, bs, c, ldc, acc, *fused ? &e : NULL, 0xFFFF, pf);
+    uk_cols((int)mr, 16 * (nv - 1), w, kc, a, b, bs, c, ldc, acc, *fused ? &e : NULL);
+    return 1;
+  }
+  const __mmask16 mk = (__mmask16)((1u << w) - 1);
   UK_TAB[as > 0][nv - 1][mr](kc, a, as, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf);
   return 1;
 }
