@@ -68,7 +68,9 @@ def test_winograd2_runtime_weights(threads, isa):
 
 def test_planner_picks_winograd2_for_small_planes(threads, isa):
     small = "winograd2" if isa == "avx512" else "winograd"  # 14x14: F(4x4) suits the 6 x 16 kernels
-    assert ops_nn.choose_conv_algo(256, 256, 14, 14, (3, 3), (1, 1), (1, 1), 1) == small
+    assert ops_nn.choose_conv_algo(128, 128, 14, 14, (3, 3), (1, 1), (1, 1), 1) == small
+    assert ops_nn.choose_conv_algo(256, 256, 14, 14, (3, 3), (1, 1), (1, 1), 1) == "winograd"  # and 256 channels
+    assert ops_nn.choose_conv_algo(256, 256, 11, 11, (3, 3), (1, 1), (1, 1), 1) == "winograd2"
     assert ops_nn.choose_conv_algo(512, 512, 7, 7, (3, 3), (1, 1), (1, 1), 1) == "winograd2"
     assert ops_nn.choose_conv_algo(128, 128, 28, 28, (3, 3), (1, 1), (1, 1), 1) == "winograd"
     assert ops_nn.choose_conv_algo(256, 256, 14, 14, (3, 3), (2, 2), (1, 1), 1) == "gemm"
