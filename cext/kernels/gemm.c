@@ -416,7 +416,36 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 }
 #endif
 
-#if !defined(EX_AVX512)
+#if defined(EX_AVX2) && !defined(EX_AVX512)
+/* a tile of at most UK_COLS columns (the last of a product whose width leaves a few past a
+ * 16-column panel: 49 Winograd tiles), a column at a time as uk_cols does with AVX-512, instead
+ * of a whole 6 x 16 kernel into the edge buffer; the caller applies the epilogue */
+#define UK_COLS 4
+static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
+                   const float *a, int64_t as, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, int *fused) {
+  (void)ep; (void)last; (void)i0; (void)j0; (void)as; (void)pf;
+  *fused = 0;
+  if (nr > UK_COLS) return 0;
+  const __m256i rows = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)mr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int64_t j = 0; j < nr; j++) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0; /* four chains: the FMA latency */
+    const float *bj = b + j;
+    int64_t p = 0;
+    for (; p + 4 <= kc; p += 4) {
+      s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + p * MR, rows), _mm256_set1_ps(bj[p * bs]), s0);
+      s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + (p + 1) * MR, rows), _mm256_set1_ps(bj[(p + 1) * bs]), s1);
+      s2 = _mm256_fmadd_ps(_mm256_maskload_ps(a + (p + 2) * MR, rows), _mm256_set1_ps(bj[(p + 2) * bs]), s2);
+      s3 = _mm256_fmadd_ps(_mm256_maskload_ps(a + (p + 3) * MR, rows), _mm256_set1_ps(bj[(p + 3) * bs]), s3);
+    }
+    for (; p < kc; p++) s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + p * MR, rows), _mm256_set1_ps(bj[p * bs]), s0);
+    float v[8];
+    _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (int64_t i = 0; i < mr; i++) c[i * ldc + j] = acc ? c[i * ldc + j] + v[i] : v[i];
+  }
+  return 1;
+}
+#elif !defined(EX_AVX512)
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
                    const float *a, int64_t as, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
                    int pf, int *fused) {
