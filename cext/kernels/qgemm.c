@@ -684,8 +684,8 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 
 /* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----
  * The yardstick for the m = 1 GEMV above (llm.py's decode bound): each task reads its part as
- * QG_RS_STREAMS independent streams with software prefetch (one stream, as the GEMV reads, came
- * out the same here) and sums them, so that no load can be dropped; little work per byte. */
+ * QG_RS_STREAMS independent streams, prefetched as the GEMV's are (gemv_prefetch), and sums them,
+ * so that no load can be dropped; little work per byte. */
 #define QG_RS_STREAMS 4
 #define QG_RS_ITEM 4096 /* floats a parallel_for item: 16 KiB */
 
@@ -708,7 +708,7 @@ VNNI_FN static double rs_avx512(const float *p, int64_t len) {
   for (int s = 0; s < QG_RS_STREAMS; s++) acc[s] = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16)
     for (int s = 0; s < QG_RS_STREAMS; s++) {
-      _mm_prefetch((const char *)(p + s * len + i) + QG_PF / 2, _MM_HINT_T0);
+      gemv_prefetch((const uint8_t *)(p + s * len + i), 64);
       acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * len + i));
     }
   for (int s = 1; s < QG_RS_STREAMS; s++) acc[0] = _mm512_add_ps(acc[0], acc[s]);
@@ -720,7 +720,7 @@ AVX2_FN static double rs_avx2(const float *p, int64_t len) {
   for (int s = 0; s < 2 * QG_RS_STREAMS; s++) acc[s] = _mm256_setzero_ps();
   for (int64_t i = 0; i < len; i += 16)
     for (int s = 0; s < QG_RS_STREAMS; s++) {
-      _mm_prefetch((const char *)(p + s * len + i) + QG_PF / 2, _MM_HINT_T0);
+      gemv_prefetch((const uint8_t *)(p + s * len + i), 64);
       acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_loadu_ps(p + s * len + i));
       acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_loadu_ps(p + s * len + i + 8));
     }
