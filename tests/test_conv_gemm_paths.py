@@ -77,6 +77,20 @@ def conv1x1(x, w, act, bias, res, pack):
     return y
 
 
+def check_same_conv(n, c, oc, hw, k, act, bias, res):
+    """A k x k 'same' convolution (bias, residual and activation as asked), weights as given and
+    pre-packed, against NumPy."""
+    h, w = hw
+    x, wt = rnd(n, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(n, oc, h, w) if res else None
+    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    for pack in (False, True):
+        got = conv1x1(x, wt, act, b, r, pack)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+
+
 # planes of 17..49 outputs with 64+ output channels run transposed (T = col^T @ W^T, then the
 # 16 x 16 block transpose with the epilogue); channel counts with tails of 1..15 past a block
 @pytest.mark.parametrize("hw", [(1, 17), (5, 5), (7, 7), (3, 9)])
@@ -85,16 +99,7 @@ def conv1x1(x, w, act, bias, res, pack):
                                           ("silu", False, True)])
 @pytest.mark.parametrize("k", [1, 3])
 def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
-    h, w = hw
-    c = 40
-    x, wt = rnd(2, c, h, w), rnd(oc, c, k, k)
-    b = rnd(oc) if bias else None
-    r = rnd(2, oc, h, w) if res else None
-    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
-    want = _act_ref(want if r is None else want + r, act)
-    for pack in (False, True):
-        got = conv1x1(x, wt, act, b, r, pack)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+    check_same_conv(2, 40, oc, hw, k, act, bias, res)
 
 
 # a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
@@ -107,16 +112,7 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
 @pytest.mark.parametrize("act,bias,res", [("none", False, False), ("relu", True, True), ("relu6", True, False),
                                           ("gelu", True, True)])
 def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
-    h, w = hw
-    oc = 20
-    x, wt = rnd(1, c, h, w), rnd(oc, c, k, k)
-    b = rnd(oc) if bias else None
-    r = rnd(1, oc, h, w) if res else None
-    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
-    want = _act_ref(want if r is None else want + r, act)
-    for pack in (False, True):
-        got = conv1x1(x, wt, act, b, r, pack)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
+    check_same_conv(1, c, 20, hw, k, act, bias, res)
 
 
 def test_conv_small_plane_relu_keeps_nan(isa):
