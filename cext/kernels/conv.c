@@ -239,9 +239,9 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
    * least 512 columns for the GEMM); the transposed small-N form takes all rows at once */
   /* kh x kw > 1: col is written straight in packed-B form (the GEMM packs no copy of it) or, for
    * the GEMM to read in place, row-major (below); in chunks of output rows of about I2C_PK floats
-   * (1 MB: 512 KB chunks measured 2-5% slower on the stride-2 3x3 convolutions, from the extra
-   * pool rounds and narrower GEMMs) a thread: on Zen 4 at two threads, 2 MB chunks took 64 -> 128
-   * at 56x56 from 0.75-0.76 to 0.67-0.70 ms and 128 -> 128 from 1.58-1.69 to 1.39-1.60 */
+   * (1 MB) a thread: 512 KB chunks measured 2-5% slower on the stride-2 3x3 convolutions, from
+   * the extra pool rounds and narrower GEMMs, and at two threads on Zen 4 one 1 MB chunk for
+   * both 5-15% slower than 2 MB (3x3 stride 2, 128 -> 128 at 56x56: 1.62-1.65 against 1.41-1.49 ms) */
 #ifdef EX_AVX512
   /* few output channels and a short K (the stems): col row-major, which the AVX-512 GEMM reads in
    * place, saves the pass that cuts it into panels (3 -> 32 channels at 224 x 224: 10% faster) */
@@ -250,9 +250,8 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
   const int inplace = 0;
 #endif
   const int pk = !direct && !trans && p->kh * p->kw > 1 && !inplace;
-  const int64_t rows = trans || direct ? p->oh
-                       : pk || inplace ? EX_MIN(p->oh, (EX_MAX(4 * NR, I2C_PK * ex_get_num_threads() / K) + p->ow - 1) / p->ow)
-                            : EX_MIN(p->oh, (EX_MAX(512, 524288 / K) + p->ow - 1) / p->ow);
+  const int64_t chunk = pk || inplace ? EX_MAX(4 * NR, I2C_PK * ex_pool_width() / K) : EX_MAX(512, 524288 / K);
+  const int64_t rows = trans || direct ? p->oh : EX_MIN(p->oh, (chunk + p->ow - 1) / p->ow);
   float *col = direct ? NULL : sc_take(SC_COL, (size_t)(K * ROUND_UP(rows * p->ow, NR)));
   _Atomic int i2c_err = EX_OK;
   float *xd = !direct && p->sw == 2 && p->kw > 1 ? sc_take(SC_XD, (size_t)(cg * p->h * p->w)) : NULL;

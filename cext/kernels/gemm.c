@@ -32,6 +32,7 @@
 #endif
 #define NC 4096
 #define ADIR_MAX 24576 /* floats: 96 KB */
+#define UK_COLS 4 /* a tile's last vector of at most this many columns goes a column at a time */
 /* floats: the AVX-512 skinny GEMV prefetches its weight stream 16 KB ahead into L2 (into L1, as
  * the AVX2 one does, 1 x 4096 x 4096 ran at 0.8 of OpenBLAS's speed; into L2 at 1.1) */
 #define SK_PF 4096
@@ -279,7 +280,6 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
  * as one vector against each value of the column broadcast.  A last vector of a few columns
  * costs uk_body as much as a full one (a Winograd GEMM of 49 tiles computes 64 columns); this
  * costs each column about 1/16 of that. */
-#define UK_COLS 4 /* at most this many columns go this way */
 static void uk_cols(int rows, int j0, int ncol, int64_t kc, const float *a, const float *b, int64_t bs, float *c,
                     int64_t ldc, int acc, const uk_epi *e) {
   const __mmask16 mr = (__mmask16)((1u << rows) - 1);
@@ -420,7 +420,6 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
 /* a tile of at most UK_COLS columns (the last of a product whose width leaves a few past a
  * 16-column panel: 49 Winograd tiles), a column at a time as uk_cols does with AVX-512, instead
  * of a whole 6 x 16 kernel into the edge buffer; the caller applies the epilogue */
-#define UK_COLS 4
 static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr, int64_t nr, int64_t kc,
                    const float *a, int64_t as, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
                    int pf, int *fused) {
