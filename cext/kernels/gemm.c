@@ -869,7 +869,16 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
     g.parts = EX_MIN(EX_MAX(g.parts, nt), g.split_n ? nb : rb);
     /* a whole number of ranges per thread: 7 ranges on 2 threads run as 4 + 3 */
     if (g.parts % nt && ROUND_UP(g.parts, nt) <= (g.split_n ? nb : rb)) g.parts = ROUND_UP(g.parts, nt);
-    if (!g.split_n && !bpk && nb >= 4) {
+#ifdef EX_AVX512
+    /* B that every range's micro-kernel reads in place (sgemm_range's bdir) is not packed at all:
+     * on Zen 4 at two threads, 128- and 256-square products 125 -> 160 and 143-165 -> 189-193
+     * GFLOP/s, a 1024 -> 256 1x1 convolution at 14x14 0.61-0.63 -> 0.55-0.57 ms */
+    const int64_t part_rows = (rb + g.parts - 1) / g.parts * g.rg; /* the most rows a range has */
+    const int b_in_place = bdt == EX_F32 && bcs == 1 && brs % 1024 && (part_rows <= 12 * MR || n >= 1024);
+#else
+    const int b_in_place = 0;
+#endif
+    if (!g.split_n && !bpk && nb >= 4 && !b_in_place) {
       /* rows split: the threads pack each block of B together and share it, rather than each
        * packing (and streaming) all of B */
       static _Thread_local float *sh;
