@@ -12,10 +12,11 @@ from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params
 from test_kernels import fp, rnd, vp  # the cffi pointer helpers of the kernel tests
 
 # m from just past the skinny path (16) across 12 panels of 14 rows (168) and beyond; n across
-# the 32-column panels and the 1024-column rule; B a view of a wider array (row stride > n), or
-# with rows a multiple of 4 KB apart ("4k", which packs B instead)
+# the 32-column panels and the 1024-column rule (n = 130 with many rows: at two threads, row
+# ranges that each read B in place, not a B packed once and shared); B a view of a wider array
+# (row stride > n), or with rows a multiple of 4 KB apart ("4k", which packs B instead)
 @pytest.mark.parametrize("m", [17, 29, 65, 168, 169, 250])
-@pytest.mark.parametrize("n,k", [(7, 1), (33, 16), (65, 515), (1025, 17), (1100, 40)])
+@pytest.mark.parametrize("n,k", [(7, 1), (33, 16), (65, 515), (130, 100), (130, 600), (1025, 17), (1100, 40)])
 @pytest.mark.parametrize("ld", ["pad", "4k"])
 def test_matmul_b_in_place(m, n, k, ld, isa, threads):
     ldb = n + 9 if ld == "pad" else -(-(n + 3) // 1024) * 1024
