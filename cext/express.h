@@ -27,13 +27,15 @@ int64_t ex_mem_current(void);          /* bytes held through ex_alloc now */
 int64_t ex_mem_peak(void);
 void ex_mem_reset_peak(void);
 /* The pool's first worker as a prefetcher: it pulls the first bytes[i] of each region p[i]
- * (n <= 128) into its cache, a line of each in turn, until the next parallel job starts or
- * another request replaces this one.  Returns at once; with one thread it does nothing.  For a
- * memory-bound job whose input is not ready yet, issued before the short single-threaded steps
- * that compute it: the worker would only spin through them (a decode step's next projection). */
+ * (n <= EX_PREFETCH_MAX) into its cache, a line of each in turn, until the next parallel job
+ * starts or another request replaces this one.  Returns at once; with one thread it does
+ * nothing.  For a memory-bound job whose input is not ready yet, issued before the short
+ * single-threaded steps that compute it: the worker would only spin through them (a decode
+ * step's next projection). */
+#define EX_PREFETCH_MAX 128
 typedef struct {
-  const void *p[128];
-  int64_t bytes[128];
+  const void *p[EX_PREFETCH_MAX];
+  int64_t bytes[EX_PREFETCH_MAX];
   int32_t n;
 } ex_prefetch;
 void ex_prefetch_async(const ex_prefetch *req);

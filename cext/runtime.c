@@ -319,16 +319,16 @@ static uint32_t g_start_gen[MAX_THREADS]; /* the job generation worker i starts 
  * the fields are atomic (a torn request only prefetches the wrong lines: prefetches never fault) */
 static struct {
   _Atomic uint32_t gen; /* bumped by each request */
-  _Atomic(const char *) p[128];
-  _Atomic int64_t bytes[128];
+  _Atomic(const char *) p[EX_PREFETCH_MAX];
+  _Atomic int64_t bytes[EX_PREFETCH_MAX];
   _Atomic int32_t n;
 } PF;
 
 /* run by worker 0 while no job newer than `gen` and no newer request has come */
 static void prefetch_request(uint32_t gen, uint32_t req) {
   const int n = atomic_load_explicit(&PF.n, memory_order_relaxed);
-  const char *p[128];
-  int64_t bytes[128], most = 0;
+  const char *p[EX_PREFETCH_MAX];
+  int64_t bytes[EX_PREFETCH_MAX], most = 0;
   for (int i = 0; i < n; i++) {
     p[i] = atomic_load_explicit(&PF.p[i], memory_order_relaxed);
     bytes[i] = atomic_load_explicit(&PF.bytes[i], memory_order_relaxed);
@@ -346,7 +346,7 @@ static void prefetch_request(uint32_t gen, uint32_t req) {
 static void wake_all(void);
 
 void ex_prefetch_async(const ex_prefetch *req) {
-  const int n = !req || req->n < 0 ? 0 : req->n > 128 ? 128 : req->n;
+  const int n = !req || req->n < 0 ? 0 : req->n > EX_PREFETCH_MAX ? EX_PREFETCH_MAX : req->n;
   if (n == 0) return;
   for (int i = 0; i < n; i++) {
     atomic_store_explicit(&PF.p[i], (const char *)req->p[i], memory_order_relaxed);

@@ -473,6 +473,18 @@ typedef struct {
   _Atomic int err;
 } sg_ctx;
 
+#ifdef EX_AVX512
+/* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
+ * than packed: with up to 12 panels of A rows (a range of `rows` rows), or many columns, packing B
+ * cost as much as 10-30% of the products (measured on 1x1 convolutions, whose B is the input).
+ * Not when its rows are a multiple of 4 KB apart: a micro-panel's KC rows then fall into a few
+ * cache sets (on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at 0.6 of the
+ * packed speed, and 80-160 x 4096 x 4096 at 0.65-0.8) */
+static inline int b_in_place(const sg_ctx *g, int64_t rows) {
+  return !g->bpk && g->bdt == EX_F32 && g->bcs == 1 && (rows <= 12 * MR || g->n >= 1024) && g->brs % 1024;
+}
+#endif
+
 /* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] (+ epilogue) */
 static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const int64_t k = g->k, ldc = g->ldc;
@@ -491,14 +503,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
 #ifdef EX_AVX512
-  /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
-   * than packed: with up to 12 panels of A rows, or many columns, packing B cost as much as
-   * 10-30% of the products (measured on 1x1 convolutions, whose B is the input).  Not when its
-   * rows are a multiple of 4 KB apart: a micro-panel's KC rows then fall into a few cache sets
-   * (on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at 0.6 of the packed
-   * speed, and 80-160 x 4096 x 4096 at 0.65-0.8) */
-  const int bdir = !g->bsh && !g->bpk && g->bdt == EX_F32 && g->bcs == 1 &&
-                   (i1 - i0 <= 12 * MR || g->n >= 1024) && g->brs % 1024;
+  const int bdir = !g->bsh && b_in_place(g, i1 - i0);
   const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? UK_PF_BROW : 0);
   /* a small row-major A (its MC x KC block within L2, rows not a multiple of 2 KB apart, which
    * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
@@ -873,12 +878,11 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
     /* B that every range's micro-kernel reads in place (sgemm_range's bdir) is not packed at all:
      * on Zen 4 at two threads, 128- and 256-square products 125 -> 160 and 143-165 -> 189-193
      * GFLOP/s, a 1024 -> 256 1x1 convolution at 14x14 0.61-0.63 -> 0.55-0.57 ms */
-    const int64_t part_rows = (rb + g.parts - 1) / g.parts * g.rg; /* the most rows a range has */
-    const int b_in_place = bdt == EX_F32 && bcs == 1 && brs % 1024 && (part_rows <= 12 * MR || n >= 1024);
+    const int bdir = b_in_place(&g, (rb + g.parts - 1) / g.parts * g.rg); /* a range's most rows */
 #else
-    const int b_in_place = 0;
+    const int bdir = 0;
 #endif
-    if (!g.split_n && !bpk && nb >= 4 && !b_in_place) {
+    if (!g.split_n && !bpk && nb >= 4 && !bdir) {
       /* rows split: the threads pack each block of B together and share it, rather than each
        * packing (and streaming) all of B */
       static _Thread_local float *sh;

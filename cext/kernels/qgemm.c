@@ -636,7 +636,7 @@ void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t coun
   for (int64_t g0 = 0; g0 < items; g0 += per)
     for (int32_t j = 0; j < count; j++) {
       const int64_t lo = QG_MAX(g0, first[j]) - first[j], hi = QG_MIN(g0 + per, first[j + 1]) - first[j];
-      for (int64_t q = 0; q < QG_STREAMS && lo < hi && req->n + 2 <= 128; q++) {
+      for (int64_t q = 0; q < QG_STREAMS && lo < hi && req->n + 2 <= EX_PREFETCH_MAX; q++) {
         const int64_t R = qg_part_start(lo, hi, q), len = qg_part_start(lo, hi, q + 1) - R;
         if (len == 0) break;
         req->p[req->n] = (const uint8_t *)wq[j] + R * cb;
