@@ -45,11 +45,16 @@
 #define QG_MR512 8
 /* software prefetch distances (bytes) for streaming weights: a hardware prefetcher alone leaves a
  * single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 blocks of
- * m > 1 prefetch QG_PF ahead into L1).  The m = 1 GEMVs prefetch each of their QG_STREAMS
+ * m > 1 prefetch QG_PF ahead into L1).  The AVX2 m = 1 GEMV prefetches each of its QG_STREAMS
  * QG_PF2 ahead into L2 and QG_PF1 into L1: a line prefetched into L1 holds one of the core's few
  * L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a Zen 4 core,
  * a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
- * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating). */
+ * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating); a
+ * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.3 -
+ * 15.8 without.  The VNNI GEMV does not prefetch: on that core its step took 12.3 - 13.5 ms
+ * (int4) and 22.5 - 23.0 (int8) at one thread with these prefetches, 10.5 - 11.4 and 19.5 - 21.4
+ * without; 8.3 - 10.4 -> 6.9 - 9.0 and 17.4 - 18.3 -> 16.1 - 16.9 at two (medians of 16 steps,
+ * alternating runs); prefetching only into L2 or only into L1 was no better. */
 #define QG_PF 8192
 #define QG_PF1 512
 #define QG_PF2 4096
@@ -465,7 +470,7 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
 }
 
 /* m = 1: S streams side by side, stream q walking the row groups start[q] + i (i < count), each
- * a run of 64-byte steps (4 values of 16 rows) prefetched by gemv_prefetch, against 4
+ * a run of 64-byte steps (4 values of 16 rows) left to the hardware prefetcher (see QG_PF1), against 4
  * values of x broadcast from memory.  One stream leaves a core short of the memory's rate: on
  * the Intel Xeon host of docs/benchmarks.rst, a Qwen2.5-0.5B int4 decode step's GEMVs took 20.6 ms
  * at one thread as one stream (a stream prefetched 16 KB ahead into L2 and 1 KB into L1), 17.2 -
@@ -490,7 +495,6 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
       const int8_t *x = c->xq + b * 32;
       const __m512 xs = _mm512_set1_ps(c->xs[b]);
       for (int q = 0; q < S; q++) {
-        gemv_prefetch(w[q], cb);
         const __m512 sw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[q])), xs);
         acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot_vnni(w[q], x, c->xc[b], BITS)), sw, acc[q]);
         w[q] += cb;
@@ -684,8 +688,9 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 
 /* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----
  * The yardstick for the m = 1 GEMV above (llm.py's decode bound): each task reads its part as
- * QG_RS_STREAMS independent streams, prefetched as the GEMV's are (gemv_prefetch), and sums them,
- * so that no load can be dropped; little work per byte. */
+ * QG_RS_STREAMS independent streams, prefetched as the GEMV of the same ISA is (see QG_PF1), and
+ * sums them, so that no load can be dropped; little work per byte.  (Without the prefetches the
+ * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with them.) */
 #define QG_RS_STREAMS 4
 #define QG_RS_ITEM 4096 /* floats a parallel_for item: 16 KiB */
 
@@ -707,10 +712,7 @@ VNNI_FN static double rs_avx512(const float *p, int64_t len) {
   __m512 acc[QG_RS_STREAMS];
   for (int s = 0; s < QG_RS_STREAMS; s++) acc[s] = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16)
-    for (int s = 0; s < QG_RS_STREAMS; s++) {
-      gemv_prefetch((const uint8_t *)(p + s * len + i), 64);
-      acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * len + i));
-    }
+    for (int s = 0; s < QG_RS_STREAMS; s++) acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * len + i));
   for (int s = 1; s < QG_RS_STREAMS; s++) acc[0] = _mm512_add_ps(acc[0], acc[s]);
   return (double)_mm512_reduce_add_ps(acc[0]);
 }
