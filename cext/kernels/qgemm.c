@@ -50,7 +50,7 @@
  * L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a Zen 4 core,
  * a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
  * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating); a
- * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.3 -
+ * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.0 -
  * 15.8 without.  The VNNI GEMV does not prefetch: on that core its step took 12.3 - 13.5 ms
  * (int4) and 22.5 - 23.0 (int8) at one thread with these prefetches, 10.5 - 11.4 and 19.5 - 21.4
  * without; 8.3 - 10.4 -> 6.9 - 9.0 and 17.4 - 18.3 -> 16.1 - 16.9 at two (medians of 16 steps,
