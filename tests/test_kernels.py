@@ -39,6 +39,18 @@ def test_linear_epilogue(m, n, k, act, isa, threads):
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 130, 1027])
+@pytest.mark.parametrize("k", [31, 32, 100, 1000])
+def test_linear_one_row(n, k, isa, threads):
+    """One row of x: the weight rows as up to 4 parts walked side by side (n % 4 extra rows, n < 4
+    rows, a k tail past whole steps), with bias, residual and an activation."""
+    x, w, b, r = rnd(1, k), rnd(n, k), rnd(n), rnd(1, n)
+    y = np.empty((1, n), np.float32)
+    assert lib.ex_linear(fp(x), vp(w), lib.EX_F32, fp(b), fp(r), fp(y), 1, n, k, ACTS["gelu"]) == 0
+    want = _act_ref(x.astype(np.float64) @ w.T + b + r, "gelu")
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 @pytest.mark.parametrize("m", [1, 4, 16, 40])
 @pytest.mark.parametrize("wdt", [np.float16, ml_dtypes.bfloat16])
 def test_linear_half_weights(m, wdt, isa):
