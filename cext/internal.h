@@ -73,4 +73,32 @@ int64_t ex_parallel_per(int64_t n, int64_t grain);
 /* Threads a parallel_for issued from here would use (1 inside a task). */
 int ex_pool_width(void);
 
+/* A memory-bound one-row product walks its share [lo, hi) of the weights as EX_PARTS parts side
+ * by side (one stream leaves a core short of the memory's rate), their lengths differing by at
+ * most one.  ex_part_start: where part q starts (part EX_PARTS: hi).  EX_WALK_PARTS calls
+ * WALK(args..., start, count, S) for S parts from start[0 .. S), count items each: once over
+ * every part's first items, then once over the extra item of the longer parts, S a constant in
+ * each call so that an always-inline WALK keeps its S streams in registers.  (A rest walked one
+ * item at a time would be read as one stream.) */
+#define EX_PARTS 4
+static inline int64_t ex_part_start(int64_t lo, int64_t hi, int64_t q) {
+  const int64_t rem = (hi - lo) % EX_PARTS;
+  return lo + q * ((hi - lo) / EX_PARTS) + (q < rem ? q : rem);
+}
+#define EX_WALK_PARTS(lo, hi, WALK, ...)                                                          \
+  do {                                                                                            \
+    const int64_t base_ = ((hi) - (lo)) / EX_PARTS;                                               \
+    const int rem_ = (int)(((hi) - (lo)) % EX_PARTS);                                             \
+    int64_t start_[EX_PARTS], tail_[EX_PARTS];                                                    \
+    for (int q_ = 0; q_ < EX_PARTS; q_++) {                                                       \
+      start_[q_] = ex_part_start(lo, hi, q_);                                                     \
+      tail_[q_] = start_[q_] + base_;                                                             \
+    }                                                                                             \
+    if (base_) WALK(__VA_ARGS__, start_, base_, EX_PARTS);                                        \
+    if (rem_ == 1) WALK(__VA_ARGS__, tail_, 1, 1);                                                \
+    if (rem_ == 2) WALK(__VA_ARGS__, tail_, 1, 2);                                                \
+    if (rem_ == 3) WALK(__VA_ARGS__, tail_, 1, 3);                                                \
+  } while (0)
+_Static_assert(EX_PARTS == 4, "EX_WALK_PARTS walks a rest of at most 3 items");
+
 #endif

@@ -705,12 +705,13 @@ static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo,
 #endif
 #ifdef EX_AVX2
   if (ni == 1) {
-    /* one row of A (GEMV): the 4 weight rows one after another, so that the weights stream from
-     * memory as one run (rows side by side were 4 streams: 1280 x 1000 with cold weights 385 ->
-     * 276 us, 2048 x 1000 567 -> 375 us; the same with warm ones), prefetched 16 KB ahead into
-     * L2 as the AVX-512 GEMV (SK_PF): 1024 elements ahead into L1 read 4096 x 4096 float16
-     * weights at 19 - 24 GB/s from memory at one thread on a Zen 4 core, 16 KB into L2 at 25 - 29
-     * (float32 weights 16 - 22 and 18 - 24); four accumulators for latency */
+    /* one row of A (half-precision weights with m = 1, or the last of m = 4i + 1 rows; float32
+     * weights with m = 1 go to sk_gemv): the 4 weight rows one after another, so that the weights
+     * stream from memory as one run (the 4 adjacent rows side by side took longer: 1280 x 1000
+     * with cold weights 385 against 276 us, 2048 x 1000 567 against 375, warm alike), prefetched
+     * 16 KB ahead into L2 as the AVX-512 GEMV (SK_PF): 1024 elements ahead into L1 read 4096 x
+     * 4096 float16 weights at 19 - 24 GB/s from memory at one thread on a Zen 4 core, 16 KB into
+     * L2 at 25 - 29 (float32 weights 16 - 22 and 18 - 24); four accumulators for latency */
     const float *x0 = ai[0];
     const char *wb = g->w;
     const int es = g->wdt == EX_F32 ? 4 : 2;
@@ -769,16 +770,15 @@ static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo,
 }
 
 #ifdef EX_AVX2
-#define SK_STREAMS 4
 /* one row of A against float32 weight rows start[q] + i (i < count) of S streams side by side, 32
  * values of each a step with x's loaded once for all, each stream prefetched 16 KB ahead */
-static inline __attribute__((always_inline)) void sk_gemv_pass(const sk_ctx *g, const int64_t *start,
-                                                               int64_t i0, int64_t count, const int S) {
+static inline __attribute__((always_inline)) void sk_gemv_rows(const sk_ctx *g, const int64_t *start,
+                                                               int64_t count, const int S) {
   const int64_t k = g->k;
   const float *x = g->a;
-  for (int64_t i = i0; i < count; i++) {
-    const float *w[SK_STREAMS];
-    __m256 acc[SK_STREAMS][2];
+  for (int64_t i = 0; i < count; i++) {
+    const float *w[EX_PARTS];
+    __m256 acc[EX_PARTS][2];
     for (int q = 0; q < S; q++) {
       w[q] = (const float *)g->w + (start[q] + i) * g->ldw;
       acc[q][0] = acc[q][1] = _mm256_setzero_ps();
@@ -804,26 +804,14 @@ static inline __attribute__((always_inline)) void sk_gemv_pass(const sk_ctx *g, 
   }
 }
 
-/* one row of A against float32 weight rows [r0, r1) as SK_STREAMS parts (lengths differing by at
- * most one) walked side by side: a single stream (sk_block's) left a core short of the memory's
- * rate.  4096 x 4096 weights from memory at one thread on a Zen 4 core: 20 - 25 -> 24 - 28
- * GB/s (AVX2 and AVX-512 builds alike; at two threads 31 - 37 either way, the memory's rate).  Half
- * precision weights stay one stream: as four they read 22 - 26 GB/s against 28 - 35. */
+/* one row of A against float32 weight rows [r0, r1) as EX_WALK_PARTS' streams: a single stream
+ * (sk_block's) left a core short of the memory's rate.  4096 x 4096 weights from memory at one
+ * thread on a Zen 4 core: 20 - 25 -> 24 - 28 GB/s (AVX2 and AVX-512 builds alike; at two threads
+ * 31 - 37 either way, the memory's rate).  Half-precision weights stay one stream: as four they
+ * read 22 - 26 GB/s against 28 - 35. */
 static void sk_gemv(const sk_ctx *g, int64_t r0, int64_t r1) {
-  const int64_t n = r1 - r0, base = n / SK_STREAMS;
-  const int rem = (int)(n % SK_STREAMS);
-  int64_t start[SK_STREAMS];
-  for (int q = 0, r = 0; q < SK_STREAMS; q++) {
-    start[q] = r0 + r;
-    r += base + (q < rem);
-  }
-  if (base) sk_gemv_pass(g, start, 0, base, SK_STREAMS);
-  switch (rem) { /* the extra row of the longer parts */
-  case 1: sk_gemv_pass(g, start, base, base + 1, 1); break;
-  case 2: sk_gemv_pass(g, start, base, base + 1, 2); break;
-  case 3: sk_gemv_pass(g, start, base, base + 1, 3); break;
-  }
-  epi_tile(g->ep, g->c + r0, g->ldc, 0, r0, 1, n);
+  EX_WALK_PARTS(r0, r1, sk_gemv_rows, g);
+  epi_tile(g->ep, g->c + r0, g->ldc, 0, r0, 1, r1 - r0);
 }
 #endif
 

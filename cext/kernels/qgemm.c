@@ -45,10 +45,10 @@
 #define QG_MR512 8
 /* software prefetch distances (bytes) for streaming weights: a hardware prefetcher alone leaves a
  * single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 blocks of
- * m > 1 prefetch QG_PF ahead into L1).  The AVX2 m = 1 GEMV prefetches each of its QG_STREAMS
- * QG_PF2 ahead into L2 and QG_PF1 into L1: a line prefetched into L1 holds one of the core's few
- * L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a Zen 4 core,
- * a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
+ * m > 1 prefetch QG_PF ahead into L1).  The AVX2 m = 1 GEMV prefetches each of its EX_PARTS
+ * streams QG_PF2 ahead into L2 and QG_PF1 into L1: a line prefetched into L1 holds one of the
+ * core's few L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a
+ * Zen 4 core, a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
  * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating); a
  * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.0 -
  * 15.8 without.  The VNNI GEMV does not prefetch: on that core its step took 12.3 - 13.5 ms
@@ -58,7 +58,6 @@
 #define QG_PF 8192
 #define QG_PF1 512
 #define QG_PF2 4096
-#define QG_STREAMS 4
 /* bytes of each stream the idle worker prefetches before a one-row product (ex_prefetch_async):
  * a Qwen2.5-0.5B decode step at two threads, 32 streams, 11.5 -> 11.2 ms (int4) and 20.6 -> 20.2
  * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8 */
@@ -73,35 +72,10 @@ static inline __attribute__((always_inline)) void gemv_prefetch(const uint8_t *w
 #endif
 }
 
-/* Row groups [g0, g1) of a one-row GEMV as QG_STREAMS parts whose lengths differ by at most one,
- * walked side by side by STREAMS(c, start, count, S, BITS) (S parts from start[0 .. S), count
- * groups each): one pass over every part's first groups, then one over the extra group of the
- * longer parts.  (A rest walked one group at a time read alone: with a 7-group share, 3 of 7 groups
- * of the 896-row projections.) */
-#define QG_PARTS(STREAMS, c, g0, g1, BITS)                                                          \
-  do {                                                                                            \
-    const int64_t base_ = ((g1) - (g0)) / QG_STREAMS;                                             \
-    const int rem_ = (int)(((g1) - (g0)) % QG_STREAMS);                                           \
-    int64_t start_[QG_STREAMS], tail_[QG_STREAMS];                                                \
-    for (int q_ = 0; q_ < QG_STREAMS; q_++) {                                                     \
-      start_[q_] = qg_part_start(g0, g1, q_);                                                     \
-      tail_[q_] = start_[q_] + base_;                                                             \
-    }                                                                                             \
-    if (base_) STREAMS(c, start_, base_, QG_STREAMS, BITS);                                       \
-    if (rem_ == 1) STREAMS(c, tail_, 1, 1, BITS);                                                 \
-    if (rem_ == 2) STREAMS(c, tail_, 1, 2, BITS);                                                 \
-    if (rem_ == 3) STREAMS(c, tail_, 1, 3, BITS);                                                 \
-  } while (0)
-_Static_assert(QG_STREAMS == 4, "QG_PARTS walks a rest of at most 3 groups");
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define QG_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
 #define QG_ITEM1 4      /* row groups a parallel_for item at m = 1 */
-
-/* where part q of QG_PARTS' split of [g0, g1) starts (part QG_STREAMS: g1) */
-static inline int64_t qg_part_start(int64_t g0, int64_t g1, int64_t q) {
-  return g0 + q * ((g1 - g0) / QG_STREAMS) + QG_MIN(q, (g1 - g0) % QG_STREAMS);
-}
 
 /* bits, k and group a packed weight can have */
 static inline int qg_shape_ok(int32_t bits, int64_t k, int64_t group) {
@@ -307,13 +281,14 @@ AVX2_FN __attribute__((always_inline)) static inline __m256i block_dot_avx2(cons
  * EXPRESS_ISA=avx2, a Qwen2.5-0.5B decode step's GEMVs took 22.5 - 23.1 ms (int4) and 39.8 -
  * 40.3 ms (int8) at one thread as one stream of groups, 17.4 - 18.3 and 34.4 - 34.7 as four;
  * 12.1 -> 9.8 - 10.4 ms (int4) at two threads. */
-AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(const qg_ctx *c, const int64_t *start,
-                                                                           int64_t count, const int S, const int BITS) {
+AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(const qg_ctx *c, const int BITS,
+                                                                           const int64_t *start, int64_t count,
+                                                                           const int S) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
   for (int64_t i = 0; i < count; i++) {
-    const uint8_t *w[QG_STREAMS];
-    const uint16_t *s[QG_STREAMS];
-    __m256 acc[QG_STREAMS][2];
+    const uint8_t *w[EX_PARTS];
+    const uint16_t *s[EX_PARTS];
+    __m256 acc[EX_PARTS][2];
     for (int q = 0; q < S; q++) {
       const int64_t R = start[q] + i;
       w[q] = c->wq + R * nb * cb;
@@ -343,12 +318,13 @@ AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(cons
   }
 }
 
-/* row groups [g0, g1), m = 1, in QG_PARTS */
+/* row groups [g0, g1), m = 1, as EX_WALK_PARTS' streams (their rest walked one group at a time
+ * was read alone: with a 7-group share, 3 of 7 groups of the 896-row projections) */
 AVX2_FN static void gemv_avx2(const qg_ctx *c, int64_t g0, int64_t g1) {
   if (c->bits == 4)
-    QG_PARTS(gemv_streams_avx2, c, g0, g1, 4);
+    EX_WALK_PARTS(g0, g1, gemv_streams_avx2, c, 4);
   else
-    QG_PARTS(gemv_streams_avx2, c, g0, g1, 8);
+    EX_WALK_PARTS(g0, g1, gemv_streams_avx2, c, 8);
 }
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -478,13 +454,14 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
  * eight; 1, 2 and 4 KB ahead into L1 within the noise of each other.  int8 gained more: 12 -> 15.6
  * GB/s of weights at one thread, 74 -> 96% of a plain read.  (On a Zen 5 core with the former
  * 8-row layout, 4 and 8 streams were slower than one.) */
-VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_ctx *c, const int64_t *start,
-                                                                       int64_t count, const int S, const int BITS) {
+VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_ctx *c, const int BITS,
+                                                                       const int64_t *start, int64_t count,
+                                                                       const int S) {
   const int64_t nb = c->k / 32, ng = c->k / c->group, per_g = c->group / 32, cb = BITS == 8 ? 512 : 256;
   for (int64_t i = 0; i < count; i++) {
-    const uint8_t *w[QG_STREAMS];
-    const uint16_t *s[QG_STREAMS];
-    __m512 acc[QG_STREAMS];
+    const uint8_t *w[EX_PARTS];
+    const uint16_t *s[EX_PARTS];
+    __m512 acc[EX_PARTS];
     for (int q = 0; q < S; q++) {
       const int64_t R = start[q] + i;
       w[q] = c->wq + R * nb * cb;
@@ -515,12 +492,12 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
   }
 }
 
-/* row groups [g0, g1), m = 1, in QG_PARTS */
+/* row groups [g0, g1), m = 1, as EX_WALK_PARTS' streams */
 VNNI_FN static void gemv_vnni(const qg_ctx *c, int64_t g0, int64_t g1) {
   if (c->bits == 4)
-    QG_PARTS(gemv_streams, c, g0, g1, 4);
+    EX_WALK_PARTS(g0, g1, gemv_streams, c, 4);
   else
-    QG_PARTS(gemv_streams, c, g0, g1, 8);
+    EX_WALK_PARTS(g0, g1, gemv_streams, c, 8);
 }
 #endif
 
@@ -635,13 +612,13 @@ void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t coun
   int64_t first[QG_MULTI_MAX + 1] = {0};
   for (int32_t j = 0; j < count; j++) first[j + 1] = first[j] + (QG_MAX(n[j], 0) + QG_ROWS - 1) / QG_ROWS;
   const int64_t items = first[count], cb = (bits == 8 ? 512 : 256) * (k / 32), sb = 2 * QG_ROWS * (k / group);
-  /* the ranges ex_qgemm_multi's ex_parallel_for makes, each weight's part in QG_PARTS' streams */
+  /* the ranges ex_qgemm_multi's ex_parallel_for makes, each weight's part in EX_WALK_PARTS' streams */
   const int64_t per = ex_parallel_per(items, QG_ITEM1);
   for (int64_t g0 = 0; g0 < items; g0 += per)
     for (int32_t j = 0; j < count; j++) {
       const int64_t lo = QG_MAX(g0, first[j]) - first[j], hi = QG_MIN(g0 + per, first[j + 1]) - first[j];
-      for (int64_t q = 0; q < QG_STREAMS && lo < hi && req->n + 2 <= EX_PREFETCH_MAX; q++) {
-        const int64_t R = qg_part_start(lo, hi, q), len = qg_part_start(lo, hi, q + 1) - R;
+      for (int64_t q = 0; q < EX_PARTS && lo < hi && req->n + 2 <= EX_PREFETCH_MAX; q++) {
+        const int64_t R = ex_part_start(lo, hi, q), len = ex_part_start(lo, hi, q + 1) - R;
         if (len == 0) break;
         req->p[req->n] = (const uint8_t *)wq[j] + R * cb;
         req->bytes[req->n++] = QG_MIN(QG_PF_IDLE, len * cb);
