@@ -116,6 +116,16 @@ def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
     check_same_conv(1, c, 20, hw, k, act, bias, res)
 
 
+# a product of one K block walks its rows in groups of one or two tiles, each group across all
+# its columns (while the block of B it walks stays in L2): output channels across several groups,
+# MC blocks and a partial last tile, planes of several column panels with a ragged last one, a
+# bias, a residual and activations read and applied per tile in the new order
+@pytest.mark.parametrize("oc", [13, 29, 90, 171])
+@pytest.mark.parametrize("c,hw", [(16, (19, 23)), (64, (12, 45)), (300, (9, 40))])
+@pytest.mark.parametrize("act,bias,res", [("relu", True, True), ("none", False, False), ("gelu", True, True)])
+def test_conv_1x1_row_groups(oc, c, hw, act, bias, res, isa, threads):
+    check_same_conv(1, c, oc, hw, 1, act, bias, res)
+
 def test_conv_small_plane_relu_keeps_nan(isa):
     """The transposed form's in-register ReLU lets NaN through, as NumPy and act_row do."""
     x, wt = rnd(1, 32, 7, 7), rnd(64, 32, 1, 1)

@@ -225,7 +225,7 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
   }
 }
 
-#define I2C_PK 262144
+#define I2C_PK 524288
 static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                      const float *res, float *y) {
   const int64_t G = p->groups, cg = p->c / G, ocg = p->oc / G, K = cg * p->kh * p->kw,
@@ -239,9 +239,10 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
    * least 512 columns for the GEMM); the transposed small-N form takes all rows at once */
   /* kh x kw > 1: col is written straight in packed-B form (the GEMM packs no copy of it) or, for
    * the GEMM to read in place, row-major (below); in chunks of output rows of about I2C_PK floats
-   * (1 MB) a thread: 512 KB chunks measured 2-5% slower on the stride-2 3x3 convolutions, from
-   * the extra pool rounds and narrower GEMMs, and at two threads on Zen 4 one 1 MB chunk for
-   * both 5-15% slower than 2 MB (3x3 stride 2, 128 -> 128 at 56x56: 1.62-1.65 against 1.41-1.49 ms) */
+   * (2 MB) a thread: smaller chunks cost the stride-2 3x3 convolutions extra pool rounds and
+   * narrower GEMMs (512 KB against 1 MB: 2-5% slower; at two threads on Zen 4, 1 MB for both 5-15%
+   * slower than 2 MB; on a 2 MB L2 Intel core, 2 MB a thread against 1 MB ran 3x3 stride 2,
+   * 128 -> 128 at 56x56, as one chunk instead of two: 1.18-1.22 -> 1.02-1.04 ms at two threads) */
 #ifdef EX_AVX512
   /* few output channels and a short K (the stems): col row-major, which the AVX-512 GEMM reads in
    * place, saves the pass that cuts it into panels (3 -> 32 channels at 224 x 224: 10% faster) */
