@@ -126,6 +126,7 @@ def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
 def test_conv_1x1_row_groups(oc, c, hw, act, bias, res, isa, threads):
     check_same_conv(1, c, oc, hw, 1, act, bias, res)
 
+
 def test_conv_small_plane_relu_keeps_nan(isa):
     """The transposed form's in-register ReLU lets NaN through, as NumPy and act_row do."""
     x, wt = rnd(1, 32, 7, 7), rnd(64, 32, 1, 1)

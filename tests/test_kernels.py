@@ -41,7 +41,7 @@ def test_linear_epilogue(m, n, k, act, isa, threads):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 130, 1027])
 @pytest.mark.parametrize("k", [31, 32, 100, 1000])
-def test_linear_one_row(n, k, isa, threads):
+def test_linear_one_row_parts(n, k, isa, threads):
     """One row of x: the weight rows as up to 4 parts walked side by side (n % 4 extra rows, n < 4
     rows, a k tail past whole steps), with bias, residual and an activation."""
     x, w, b, r = rnd(1, k), rnd(n, k), rnd(n), rnd(1, n)

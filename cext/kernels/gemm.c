@@ -34,13 +34,14 @@
 #define MG 2
 #endif
 #define NC 4096
+#define B_L2 131072 /* floats (512 KB): a block of B that stays in L2 while rows of A reuse it */
 /* MG: a product whose C is written once (one K block) walks its MC rows in groups of MG tiles,
  * each group across all its columns before the next: MC rows of C (and of a residual) advancing
  * a tile at a time were too many streams for the hardware prefetcher, and with C past L2 their
  * line fills held up the micro-kernel.  On a 2 MB L2 Intel core, 256 x 3136 x 64 (a 1x1
  * convolution at 56 x 56) into a cold C: 100 -> 135-145 GFLOP/s with AVX-512, 67 -> 86 with
  * AVX2; with a residual added, 63 -> 110-115 and 37 -> 72.  Only while the block of B the groups
- * each walk again stays in L2 (kc x nc at most 512 KB): 49 x 2048 x 512 against 4 MB of packed
+ * each walk again stays in L2 (kc x nc at most B_L2): 49 x 2048 x 512 against 4 MB of packed
  * weights (a 1x1 convolution at 7 x 7, transposed) ran 15% slower grouped */
 #define ADIR_MAX 24576 /* floats: 96 KB */
 #define UK_COLS 4 /* a tile's last vector of at most this many columns goes a column at a time */
@@ -71,12 +72,12 @@ static inline int64_t kc_for(int64_t m, int64_t n, int64_t k) {
 }
 
 /* columns per block of B packed by sgemm_range for K blocks of kc and `rows` rows of A: with
- * few rows, a packed block of at most about 512 KB (in floats: 131072), whole NR panels,
+ * few rows, a packed block of at most about B_L2 floats, whole NR panels,
  * balanced over the n columns; with many, NC (the block is reused by enough rows to pay for
  * its trips through L3, and a narrow one costs large square products 15%) */
 static inline int64_t nc_step(int64_t kc, int64_t n, int64_t rows) {
   if (n <= 0 || rows > 4 * MC) return NC;
-  const int64_t cap = EX_MAX(NR, EX_MIN(NC, 131072 / EX_MAX(kc, 1) / NR * NR));
+  const int64_t cap = EX_MAX(NR, EX_MIN(NC, B_L2 / EX_MAX(kc, 1) / NR * NR));
   const int64_t nb = (n + cap - 1) / cap;
   return ROUND_UP((n + nb - 1) / nb, NR);
 }
@@ -543,7 +544,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
         if (g->apk) apc = g->apk + pc * ROUND_UP(g->m, MR) + ic * kc;
         else if (adir) apc = g->a + ic * g->ars + pc;
         else pack_a(mc, kc, g->a + ic * g->ars + pc * g->acs, g->ars, g->acs, ap);
-        const int64_t gr = kc == k && kc * nc <= 131072 ? MG * MR : mc; /* rows per group (above) */
+        const int64_t gr = kc == k && kc * nc <= B_L2 ? MG * MR : mc; /* rows per group (above) */
         for (int64_t ig = 0; ig < mc; ig += gr)
         for (int64_t jr = 0, ge = EX_MIN(mc, ig + gr); jr < nc; jr += NR) {
           const int64_t nr = EX_MIN(NR, nc - jr);
