@@ -660,7 +660,7 @@ static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64
       continue;
     }
     sg_ctx sg = {g->u + x * O * C, NULL, EX_F32, M + x * g->mx, C, 1, 0, 0, S, O, nt, C, &EPI_NONE,
-                 upk, V + x * g->vx, 1, 1, MR, NULL, 0, 0, 0, kc_step(C), 0};
+                 upk, V + x * g->vx, 1, 1, MR, NULL, 0, 0, 0, kc_step(C), upk ? 'a' : 0, 0};
     err = sgemm_range(&sg, EX_MIN(O, mb * r / mo * MR), EX_MIN(O, mb * (r + 1) / mo * MR), 0, nt);
   }
   return err;
@@ -939,7 +939,7 @@ static void w2_gemm(void *vctx, int64_t x0, int64_t x1) {
     const float *bpk = g->upk ? g->upk + x * packed_b_floats(C, O) + PACK_HDR : NULL;
     /* B = U[x] as [c][o]: element (c, o) at o * C + c */
     sg_ctx sg = {NULL, g->u + x * O * C, EX_F32, g->M + x * g->mx, 0, 0, 1, C, O, g->nt, O, C, &EPI_NONE,
-                 g->V + x * g->vx, bpk, 1, 1, MR, NULL, 0, 0, 0, kc_step(C), 0};
+                 g->V + x * g->vx, bpk, 1, 1, MR, NULL, 0, 0, 0, kc_step(C), bpk ? 'b' : 0, 0};
     const int err = sgemm_range(&sg, 0, g->nt, 0, O);
     if (err) g->err = err;
   }
