@@ -103,6 +103,35 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
     check_same_conv(2, 40, oc, hw, k, act, bias, res)
 
 
+# at most 256 output positions and a depth of at least twice the output channels run transposed
+# whatever the fill (ResNet's 1024 -> 256 at 14 x 14, its 3 x 3 stride-2 layers): planes of 50 to
+# 256 positions, 1 x 1 and 3 x 3 at stride 1 and 2, channel counts past a 16-channel block and a
+# 32-column panel, weights as given and pre-packed, bias, residual and activations
+@pytest.mark.parametrize("c,oc,k,stride", [(160, 64, 1, 1), (300, 71, 1, 2), (40, 100, 3, 2), (64, 130, 3, 1)])
+@pytest.mark.parametrize("hw", [(10, 5), (16, 16), (27, 19)])
+@pytest.mark.parametrize("act,bias,res", [("relu", True, True), ("none", False, False), ("silu", True, False)])
+def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, isa, threads):
+    h, w = hw
+    pad = k // 2
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    x, wt = rnd(1, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(1, oc, oh, ow) if res else None
+    want = conv2d_ref(x, wt, b, (stride, stride), (pad,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    p = conv_params(x.shape, want.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
+    for pack in (False, True):
+        keep = None
+        if pack:
+            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
+            p.wpack = fp(keep)
+        y = np.full(want.shape, np.nan, np.float32)
+        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
+                             fp(y)) == 0
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+
+
 # a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
 # column at a time (uk_cols): planes of 81 (5 x 16 + 1), 100 (+ 4) and 98 (+ 2) outputs, and 77
 # (+ 13, the masked vector) for contrast; 20 output channels (a partial 6-row panel); depths of

@@ -152,9 +152,16 @@ static void dei_task(void *vctx, int64_t r0, int64_t r1) {
 
 /* Few output positions (7x7, 14x14) and many channels: T[N, ocg] = col^T @ W^T fills the
  * MR x NR tiles better than W @ col (N = 49 fills 49 of 64 NR columns, but 49 of 56 MR rows);
- * the weights are then pre-packed as B, and the result is transposed with the epilogue. */
+ * the weights are then pre-packed as B, and the result is transposed with the epilogue.
+ * At most 256 positions with a depth of at least twice the output channels run transposed too,
+ * whatever the fill: on an Intel core (2 MB L2), with the weights from L3 as in a network,
+ * 1024 -> 256 1x1 at 14x14 took 0.69-0.80 -> 0.64-0.71 ms at one thread and 0.41-0.42 -> 0.36 at
+ * two, 3x3 stride 2 256 -> 256 at 28x28 1.99-2.04 -> 1.86-1.90 and 1.32 -> 1.15-1.18 (AVX2:
+ * 2.68-2.77 -> 2.51-2.57 and 1.58-1.63 -> 1.51); 256 -> 1024 at 14x14 ran 10-40% slower
+ * transposed, and so did 784 positions (col^T, 3.6 MB for 128 -> 128 3x3, past L2). */
 static int conv_tr(const ex_conv_params *p) {
-  const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups;
+  const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
+  if (N > 16 && N <= 256 && ocg >= 64 && K >= 2 * ocg) return 1;
 #ifdef EX_AVX512
   /* this micro-kernel computes a partial panel only to its rows, and a narrow last column panel
    * at 16 columns: the transpose (and its extra pass) pays only where W @ col wastes many
