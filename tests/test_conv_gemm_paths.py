@@ -132,6 +132,36 @@ def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, 
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
 
 
+# stride 2 with a kernel past 1 x 1, at least 14 outputs a row (AVX-512): an implicit GEMM that
+# reads the input split into even and odd columns at per-tap offsets, no im2col; kernels of even
+# and odd sizes with and without padding, rows of one tile and of one and a bit (a short last
+# tile), several K blocks (130 channels x 9), output channels past a 32-column panel, two images;
+# weights pre-packed and as given (packed per call)
+@pytest.mark.parametrize("c,k,pad", [(5, 3, 1), (40, 3, 0), (130, 3, 1), (24, 5, 2), (33, 2, 0)])
+@pytest.mark.parametrize("hw", [(29, 28), (36, 35), (20, 64)])
+@pytest.mark.parametrize("oc,act,bias,res", [(32, "relu", True, True), (45, "none", False, False),
+                                             (100, "silu", True, False)])
+def test_conv_stride2_implicit(c, k, pad, hw, oc, act, bias, res, isa, threads):
+    h, w = hw
+    oh, ow = (h + 2 * pad - k) // 2 + 1, (w + 2 * pad - k) // 2 + 1
+    x, wt = rnd(2, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(2, oc, oh, ow) if res else None
+    want = conv2d_ref(x, wt, b, (2, 2), (pad,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    p = conv_params(x.shape, want.shape, (k, k), (2, 2), (pad, pad), (1, 1), 1, act, "gemm")
+    for pack in (False, True):
+        keep = None
+        if pack:
+            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
+            p.wpack = fp(keep)
+        y = np.full(want.shape, np.nan, np.float32)
+        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
+                             fp(y)) == 0
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+
+
 # a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
 # column at a time (uk_cols): planes of 81 (5 x 16 + 1), 100 (+ 4) and 98 (+ 2) outputs, and 77
 # (+ 13, the masked vector) for contrast; 20 output channels (a partial 6-row panel); depths of

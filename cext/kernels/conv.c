@@ -159,9 +159,10 @@ static void dei_task(void *vctx, int64_t r0, int64_t r1) {
  * two, 3x3 stride 2 256 -> 256 at 28x28 1.99-2.04 -> 1.86-1.90 and 1.32 -> 1.15-1.18 (AVX2:
  * 2.68-2.77 -> 2.51-2.57 and 1.58-1.63 -> 1.51); 256 -> 1024 at 14x14 ran 10-40% slower
  * transposed, and so did 784 positions (col^T, 3.6 MB for 128 -> 128 3x3, past L2). */
+static int conv_s2_ok(const ex_conv_params *p);
 static int conv_tr(const ex_conv_params *p) {
   const int64_t N = p->oh * p->ow, ocg = p->oc / p->groups, K = p->c / p->groups * p->kh * p->kw;
-  if (N > 16 && N <= 256 && ocg >= 64 && K >= 2 * ocg) return 1;
+  if (conv_s2_ok(p) || (N > 16 && N <= 256 && ocg >= 64 && K >= 2 * ocg)) return 1;
 #ifdef EX_AVX512
   /* this micro-kernel computes a partial panel only to its rows, and a narrow last column panel
    * at 16 columns: the transpose (and its extra pass) pays only where W @ col wastes many
@@ -233,6 +234,129 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
 }
 
 #define I2C_PK 524288
+/* ---- stride 2, kernels past 1x1 (ResNet's 3x3 downsampling): implicit GEMM, transposed ----
+ * T[pixel, oc] = col^T @ W^T as conv_tr computes it, with W^T pre-packed as B, but A read from the
+ * input itself instead of from an im2col copy: the zero-padded input is split once into its even
+ * and odd columns (xq), so for every tap (c, i, j) the pixels of a tile, up to MR consecutive
+ * outputs of one row, are consecutive floats of one row of xq, at the offset ko[k] past the
+ * tile's base.  No col is written and no A packed (im2col took a sixth of these layers' time);
+ * then conv_tr's transpose with the epilogue.  AVX-512 only (the micro-kernel's per-step
+ * offsets), and rows of at least MR outputs: at 7 x 7 the 7-row tiles ran 7% slower than
+ * im2col + GEMM. */
+#ifdef EX_AVX512
+/* xq's padded rows per channel (hq) and floats per half row (wq): every tap of every output in
+ * bounds, and every input column */
+static void s2_dims(const ex_conv_params *p, int64_t *hq, int64_t *wq) {
+  *hq = EX_MAX(p->h + 2 * p->ph, 2 * (p->oh - 1) + p->kh);
+  *wq = EX_MAX(p->ow + p->kw / 2, (p->w + p->pw) / 2 + 1);
+}
+#endif
+
+static int conv_s2_ok(const ex_conv_params *p) {
+#ifdef EX_AVX512
+  int64_t hq, wq;
+  s2_dims(p, &hq, &wq);
+  return p->groups == 1 && p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1 && p->kh * p->kw > 1 &&
+         p->c > 4 /* the stems: conv_small_c */ && p->oc >= 32 && p->ow >= MR &&
+         (double)p->c * hq * 2 * wq < 2147483647.0; /* ko's offsets fit int32 */
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
+#ifdef EX_AVX512
+typedef struct {
+  const ex_conv_params *p;
+  const float *x;       /* one image */
+  float *xq;            /* [c][hq][2][wq]: padded rows, even then odd columns */
+  const int32_t *ko;    /* per k, its offset in xq past a tile's base (+ 8 for the prefetch) */
+  const float *wpk;     /* W^T packed as B */
+  float *t;             /* T[oh * ow][oc] */
+  int64_t hq, wq, K, ks, np, rch; /* np: B panels; rch: output rows per unit */
+} s2_ctx;
+
+/* padded rows [r0, r1) of xq (over all channels) */
+static void s2_split(void *vctx, int64_t r0, int64_t r1) {
+  const s2_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t wq = g->wq, pw = p->pw;
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t c = r / g->hq, iy = r % g->hq - p->ph;
+    float *ev = g->xq + r * 2 * wq, *od = ev + wq;
+    memset(ev, 0, (size_t)(2 * wq) * sizeof(float));
+    if (iy < 0 || iy >= p->h) continue;
+    /* padded column 2 m + pw + q holds x[2 m + q]: its half and index there */
+    const float *src = g->x + (c * p->h + iy) * p->w;
+    if (pw % 2 == 0) deinterleave(src, p->w, ev + pw / 2, od + pw / 2);
+    else deinterleave(src, p->w, od + (pw - 1) / 2, ev + (pw + 1) / 2);
+  }
+}
+
+/* units [u0, u1): one B panel (32 output channels) and a range of rch output rows each */
+static void s2_task(void *vctx, int64_t u0, int64_t u1) {
+  const s2_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t oc = p->oc, ow = p->ow, K = g->K, ks = g->ks, pad_oc = ROUND_UP(oc, NR);
+  for (int64_t u = u0; u < u1; u++) {
+    const int64_t jr = u % g->np * NR, y0 = u / g->np * g->rch, y1 = EX_MIN(p->oh, y0 + g->rch);
+    const int64_t nc = EX_MIN(NR, oc - jr), nv = nc > 16 ? 2 : 1;
+    const __mmask16 mk = (__mmask16)(0xFFFFu >> (16 - (nc - 16 * (nv - 1))));
+    const int64_t tiles = (y1 - y0) * ((ow + MR - 1) / MR);
+    for (int64_t pc = 0; pc < K; pc += ks) {
+      const int64_t kc = EX_MIN(ks, K - pc);
+      const float *pb = g->wpk + pc * pad_oc + jr * kc;
+      /* the next panel, a share per tile (as sgemm_range's far prefetch) */
+      const int64_t fstep = (NR * 4 + tiles - 1) / tiles;
+      const char *far = (const char *)(pb + kc * NR);
+      for (int64_t oy = y0; oy < y1; oy++)
+        for (int64_t ox = 0; ox < ow; ox += MR, far += fstep * kc) {
+          const int64_t rows = EX_MIN(MR, ow - ox);
+          const float *a = g->xq + 2 * oy * 2 * g->wq + ox;
+          UK_KO_TAB[nv - 1][rows](kc, a, g->ko + pc, pb, g->t + (oy * ow + ox) * oc + jr, oc, pc > 0, mk, far, fstep);
+        }
+    }
+  }
+}
+
+static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, const float *bias, const float *res,
+                   float *y) {
+  const int64_t C = p->c, O = p->oc, N = p->oh * p->ow, K = C * p->kh * p->kw;
+  s2_ctx g = {p, NULL, NULL, NULL, wpk, NULL, 0, 0, K, kc_step(K), (O + NR - 1) / NR, 1};
+  s2_dims(p, &g.hq, &g.wq);
+  float *xq = sc_take(SC_XD, (size_t)(C * g.hq * 2 * g.wq)), *t = sc_take(SC_TR, (size_t)(N * O));
+  int32_t *ko = malloc((size_t)(K + 8) * sizeof(int32_t));
+  if (!xq || !t || !ko) {
+    free(ko);
+    sc_give(SC_XD, xq);
+    sc_give(SC_TR, t);
+    return EX_ENOMEM;
+  }
+  for (int64_t k = 0; k < K + 8; k++) {
+    const int64_t kk = EX_MIN(k, K - 1), c = kk / (p->kh * p->kw), i = kk / p->kw % p->kh, j = kk % p->kw;
+    ko[k] = (int32_t)(((c * g.hq + i) * 2 + (j & 1)) * g.wq + j / 2);
+  }
+  g.xq = xq;
+  g.ko = ko;
+  g.t = t;
+  /* units: B panels x ranges of output rows, about 4 a thread */
+  const int64_t want = 4 * (int64_t)ex_pool_width();
+  const int64_t nr = g.np >= want ? 1 : EX_MIN(p->oh, (want + g.np - 1) / g.np);
+  g.rch = (p->oh + nr - 1) / nr;
+  for (int64_t b = 0; b < p->n; b++) {
+    g.x = x + b * C * p->h * p->w;
+    ex_parallel_for(C * g.hq, EX_MAX(1, 4096 / g.wq), s2_split, &g);
+    ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), 1, s2_task, &g);
+    ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
+    ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
+  }
+  free(ko);
+  sc_give(SC_XD, xq);
+  sc_give(SC_TR, t);
+  return EX_OK;
+}
+#endif
+
 static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, const float *bias,
                      const float *res, float *y) {
   const int64_t G = p->groups, cg = p->c / G, ocg = p->oc / G, K = cg * p->kh * p->kw,
@@ -242,6 +366,17 @@ static int conv_gemm(const ex_conv_params *p, const float *x, const float *w, co
   const int packed = packed_a_for(p->wpack, ocg, K) != NULL,
             packed_t = packed_b_for(p->wpack, K, ocg) != NULL;
   const int trans = conv_tr(p) && (packed_t || !packed);
+#ifdef EX_AVX512
+  if (conv_s2_ok(p)) {
+    if (packed_t) return conv_s2(p, x, p->wpack + PACK_HDR, bias, res, y);
+    float *wk = malloc((size_t)packed_b_floats(K, ocg) * sizeof(float)); /* weights computed at run time */
+    if (!wk) return EX_ENOMEM;
+    gemm_pack_b(w, 1, K, K, ocg, wk);
+    const int err = conv_s2(p, x, wk + PACK_HDR, bias, res, y);
+    free(wk);
+    return err;
+  }
+#endif
   /* im2col in chunks of output rows, so the column panel stays in cache (about 2 MB, but at
    * least 512 columns for the GEMM); the transposed small-N form takes all rows at once */
   /* kh x kw > 1: col is written straight in packed-B form (the GEMM packs no copy of it) or, for

@@ -222,7 +222,7 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
                                                            __mmask16 mk, int64_t kc, const float *a,
                                                            int64_t as, const float *b, int64_t bs, float *c,
                                                            int64_t ldc, int acc, const uk_epi *e, int pf,
-                                                           const char *far, int64_t fstep) {
+                                                           const char *far, int64_t fstep, const int32_t *ko) {
   const int64_t da = pf & UK_PF_A ? 64 * MR : 4 * MR;
   /* the last vector's columns: B loads (B may be unpacked, rows bs apart, ending at the panel's
    * last column), C loads and stores under mk */
@@ -233,7 +233,9 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
   for (int64_t p = 0; p < kc; p++) {
     const __m512 b0 = _mm512_maskz_loadu_ps(m0, b); /* pre-packed B may be unaligned */
     const __m512 b1 = nv == 2 ? _mm512_maskz_loadu_ps(m1, b + 16) : b0;
+    const float *ap = adir == 2 ? a + ko[p] : a;
     if (!adir) _mm_prefetch((const char *)(a + da), _MM_HINT_T0);
+    if (adir == 2) _mm_prefetch((const char *)(a + ko[p + 8]), _MM_HINT_T0);
     if (pf & UK_PF_B) { /* both lines of the B row 32 iterations ahead */
       _mm_prefetch((const char *)(b + 32 * NR), _MM_HINT_T0);
       _mm_prefetch((const char *)(b + 32 * NR + 16), _MM_HINT_T0);
@@ -248,11 +250,11 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
     }
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
-      const __m512 av = _mm512_set1_ps(adir ? a[i * as] : a[i]);
+      const __m512 av = _mm512_set1_ps(adir == 1 ? a[i * as] : ap[i]);
       c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
       if (nv == 2) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
-    a += adir ? 1 : MR;
+    a += adir == 1 ? 1 : adir ? 0 : MR;
     b += bs;
   }
   __m512 cb0 = _mm512_setzero_ps(), cb1 = cb0;
@@ -293,7 +295,7 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
 
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc,
                     const char *far, int64_t fstep) {
-  uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, NR, c, ldc, acc, NULL, 0, far, fstep);
+  uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, NR, c, ldc, acc, NULL, 0, far, fstep, NULL);
 }
 
 /* columns [j0, j0 + ncol) of a tile with a packed A panel, one column at a time: the rows of A
@@ -338,7 +340,7 @@ typedef void (*uk_fn)(int64_t, const float *, int64_t, const float *, int64_t, f
   static void NAME(int64_t kc, const float *a, int64_t as, const float *b, int64_t bs, float *c, \
                    int64_t ldc, int acc, const uk_epi *e, __mmask16 mk, int pf, const char *far,  \
                    int64_t fstep) {                                                              \
-    uk_body(R, NV, AD, mk, kc, a, as, b, bs, c, ldc, acc, e, pf, far, fstep);                    \
+    uk_body(R, NV, AD, mk, kc, a, as, b, bs, c, ldc, acc, e, pf, far, fstep, NULL);              \
   }
 #define UK_ROWS(R) UK_FN(uk_half##R, R, 1, 0) UK_FN(uk_rows##R, R, 2, 0) \
                    UK_FN(uk_dhalf##R, R, 1, 1) UK_FN(uk_drows##R, R, 2, 1)
@@ -346,8 +348,23 @@ UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
 UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
 #undef UK_ROWS
 #undef UK_FN
+/* the rows of A read in place at per-step offsets: row i of step p at a[ko[p] + i] (ko has 8
+ * entries past kc, for the prefetch), B a packed panel that streams (conv_s2's implicit GEMM) */
+typedef void (*uk_ko_fn)(int64_t, const float *, const int32_t *, const float *, float *, int64_t, int, __mmask16,
+                         const char *, int64_t);
+#define UK_KO(NAME, R, NV)                                                                          \
+  static void NAME(int64_t kc, const float *a, const int32_t *ko, const float *b, float *c, int64_t ldc, \
+                   int acc, __mmask16 mk, const char *far, int64_t fstep) {                        \
+    uk_body(R, NV, 2, mk, kc, a, 1, b, NR, c, ldc, acc, NULL, UK_PF_B, far, fstep, ko);             \
+  }
+#define UK_ROWS(R) UK_KO(uk_khalf##R, R, 1) UK_KO(uk_krows##R, R, 2)
+UK_ROWS(1) UK_ROWS(2) UK_ROWS(3) UK_ROWS(4) UK_ROWS(5) UK_ROWS(6) UK_ROWS(7)
+UK_ROWS(8) UK_ROWS(9) UK_ROWS(10) UK_ROWS(11) UK_ROWS(12) UK_ROWS(13) UK_ROWS(14)
+#undef UK_ROWS
+#undef UK_KO
 #define UK_ALL(P) {NULL, P##1, P##2, P##3, P##4, P##5, P##6, P##7, P##8, P##9, P##10, P##11, P##12, P##13, P##14}
 static const uk_fn UK_TAB[2][2][MR + 1] = {{UK_ALL(uk_half), UK_ALL(uk_rows)}, {UK_ALL(uk_dhalf), UK_ALL(uk_drows)}};
+static const uk_ko_fn UK_KO_TAB[2][MR + 1] = {UK_ALL(uk_khalf), UK_ALL(uk_krows)};
 #undef UK_ALL
 
 /* an mr x nr tile straight into C, with the epilogue in registers when it is one the kernel
