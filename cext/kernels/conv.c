@@ -7,7 +7,8 @@
  *              over 1x1 directly in the GEMM's packed-B layout); a 1x1 stride-1 unpadded conv
  *              reads x itself as col.  Few output positions (7x7, 14x14) run transposed,
  *              col^T @ W^T, then a transpose with the epilogue.
- *              On AVX-512, at most 4 input channels (the stems) run a direct kernel instead.
+ *              On AVX-512, at most 4 input channels (the stems) run a direct kernel instead,
+ *              and stride 2 with kernels past 1x1 an implicit transposed GEMM (conv_s2).
  *   DEPTHWISE  groups == c == oc: 3x3 and 5x5 at stride 1 or 2 by the direct kernel of
  *              depthwise.c, other shapes per output row of a zero-padded copy of each plane.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
@@ -1268,18 +1269,23 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
 
 /* ---- few input channels (the stems: 3 -> 32 at 3x3 and 3 -> 64 at 7x7, stride 2) ----
  * im2col would write c*kh*kw shifted copies of the input for the GEMM to read back (8 MB for the
- * 7x7 stem), and 32 or 64 output rows fill the GEMM's 14-row panels poorly.  Direct instead: per
- * output row, block of 16 output channels and 16 outputs along the row, one accumulator per
- * channel; each input row of the window gives its kw tap vectors once (stride 2: two loads split
- * into even and odd columns in registers, masked over the padding), and each tap feeds the 16
- * channels' FMAs with broadcast weights.  Bias starts the sums; the residual and ReLU/ReLU6 are
+ * 7x7 stem), and 32 or 64 output rows fill the GEMM's 14-row panels poorly.  Direct instead, on a
+ * zero-padded copy of the input (xq; at stride 2 each row split into its even and odd columns), so
+ * that every tap's input for 16 consecutive outputs of a row is one unaligned load: per output
+ * row, a tile of 8 output channels by up to 3 vectors of 16 outputs (24 accumulators), each tap's
+ * 8 weights broadcast into the FMAs of all the tile's vectors.  A tile of 16 channels by one
+ * vector, each tap's vector split in registers, spent one broadcast load per FMA and ran at 60%
+ * of the FMA peak, bound by the loads.  Bias starts the sums; the residual and ReLU/ReLU6 are
  * applied before the store.  Rows of the output are shared by the pool. */
 #ifdef EX_AVX512
 #define CS_MAXC 4
+#define CS_OB 8 /* output channels a tile */
+#define CS_NV 3 /* vectors of 16 outputs a tile, at most */
 typedef struct {
   const ex_conv_params *p;
-  const float *x, *wt, *bias, *res; /* wt[oc / 16 blocks][c * kh * kw][16]: a tap's 16 channels together */
-  float *y;
+  const float *x, *wt, *bias, *res; /* wt[oc / CS_OB blocks][c * kh * kw][CS_OB]: a tap's channels together */
+  float *y, *xq;                    /* xq[n][c][hq][stride][wq] */
+  int64_t hq, wq;
 } cs_ctx;
 
 static int cs_ok(const ex_conv_params *p) {
@@ -1287,62 +1293,83 @@ static int cs_ok(const ex_conv_params *p) {
          p->sh == p->sw && p->sh <= 2 && p->dh == 1 && p->dw == 1 && p->ow >= 16;
 }
 
-/* lanes l with 0 <= start + l < w */
-static inline __mmask16 cs_mask(int64_t start, int64_t w) {
-  const int64_t lo = EX_MAX(0, -start), hi = EX_MIN(16, w - start);
-  return lo < hi ? (__mmask16)((0xFFFFu >> (16 - (hi - lo))) << lo) : 0;
+/* rows [r0, r1) of xq, over images and channels: zero padding around the input row, at stride 2
+ * its even columns then its odd ones (padded column 2 m + pw + q holds x[2 m + q]) */
+static void cs_pad(void *vctx, int64_t r0, int64_t r1) {
+  const cs_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t S = p->sw, wq = g->wq, pw = p->pw;
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t bc = r / g->hq, iy = r % g->hq - p->ph;
+    float *row = g->xq + r * S * wq;
+    memset(row, 0, (size_t)(S * wq) * sizeof(float));
+    if (iy < 0 || iy >= p->h) continue;
+    const float *src = g->x + (bc * p->h + iy) * p->w;
+    if (S == 1) memcpy(row + pw, src, (size_t)p->w * sizeof(float));
+    else if (pw % 2 == 0) deinterleave(src, p->w, row + pw / 2, row + wq + pw / 2);
+    else deinterleave(src, p->w, row + wq + (pw - 1) / 2, row + (pw + 1) / 2);
+  }
+}
+
+static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const float *xr, const float *wb,
+                                                          const float *bias, const float *ro, float *yo,
+                                                          int64_t no, int64_t nout, const int KW, const int S,
+                                                          const int NV) {
+  const ex_conv_params *p = g->p;
+  const int64_t KH = p->kh, OHW = p->oh * p->ow, plane = g->hq * S * g->wq;
+  __m512 acc[CS_OB][CS_NV];
+#pragma GCC unroll 8
+  for (int o = 0; o < CS_OB; o++) {
+    const __m512 b0 = _mm512_set1_ps(bias && o < no ? bias[o] : 0.0f);
+    for (int v = 0; v < NV; v++) acc[o][v] = b0;
+  }
+  for (int64_t ci = 0; ci < p->c; ci++, xr += plane)
+    for (int64_t i = 0; i < KH; i++) {
+      const float *xi = xr + i * S * g->wq, *wr = wb + (ci * KH + i) * KW * CS_OB;
+#pragma GCC unroll 7
+      for (int j = 0; j < KW; j++) {
+        const float *xj = xi + (j % S) * g->wq + j / S;
+        __m512 t[CS_NV];
+        for (int v = 0; v < NV; v++) t[v] = _mm512_loadu_ps(xj + 16 * v);
+#pragma GCC unroll 8
+        for (int o = 0; o < CS_OB; o++) {
+          const __m512 w = _mm512_set1_ps(wr[j * CS_OB + o]);
+          for (int v = 0; v < NV; v++) acc[o][v] = _mm512_fmadd_ps(w, t[v], acc[o][v]);
+        }
+      }
+    }
+  const __mmask16 ml = (__mmask16)(0xFFFFu >> (16 - (nout - 16 * (NV - 1)))); /* the last vector's outputs */
+#pragma GCC unroll 8
+  for (int o = 0; o < CS_OB; o++) {
+    if (o >= no) break;
+    for (int v = 0; v < NV; v++) {
+      const __mmask16 m = v == NV - 1 ? ml : (__mmask16)0xFFFF;
+      __m512 r = acc[o][v];
+      if (ro) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, ro + o * OHW + 16 * v));
+      _mm512_mask_storeu_ps(yo + o * OHW + 16 * v, m, relu512(r, p->act));
+    }
+  }
 }
 
 static inline __attribute__((always_inline)) void cs_rows(const cs_ctx *g, int64_t r0, int64_t r1, const int KW,
                                                           const int S) {
   const ex_conv_params *p = g->p;
-  const int64_t C = p->c, H = p->h, W = p->w, OW = p->ow, OHW = p->oh * OW, KH = p->kh, CK = C * KH * KW;
+  const int64_t C = p->c, OW = p->ow, OHW = p->oh * OW, CK = C * p->kh * KW;
   const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6;
   for (int64_t r = r0; r < r1; r++) { /* output row oy of image b */
     const int64_t b = r / p->oh, oy = r % p->oh;
-    const float *xb = g->x + b * C * H * W;
-    for (int64_t o0 = 0; o0 < p->oc; o0 += 16) {
-      const int64_t no = EX_MIN(16, p->oc - o0);
+    const float *xb = g->xq + (b * C * g->hq + S * oy) * S * g->wq;
+    for (int64_t o0 = 0; o0 < p->oc; o0 += CS_OB) {
+      const int64_t no = EX_MIN(CS_OB, p->oc - o0);
       float *yo = g->y + (b * p->oc + o0) * OHW + oy * OW;
-      const float *ro = g->res ? g->res + (yo - g->y) : NULL;
+      const float *ro = g->res ? g->res + (yo - g->y) : NULL, *bias = g->bias ? g->bias + o0 : NULL;
       const float *wb = g->wt + o0 * CK;
-      for (int64_t ox0 = 0; ox0 < OW; ox0 += 16) {
-        const int64_t c0 = ox0 * S - p->pw; /* the first tap's input column */
-        const int edge = c0 < 0 || c0 + KW - 1 + 16 * S > W;
-        const __mmask16 mn = (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, OW - ox0)));
-        __m512 acc[16];
-#pragma GCC unroll 16
-        for (int o = 0; o < 16; o++) acc[o] = _mm512_set1_ps(g->bias && o < no ? g->bias[o0 + o] : 0.0f);
-        for (int64_t ci = 0; ci < C; ci++)
-          for (int64_t i = 0; i < KH; i++) {
-            const int64_t iy = oy * S - p->ph + i;
-            if (iy < 0 || iy >= H) continue;
-            const float *row = xb + (ci * H + iy) * W + c0;
-            __m512 t[8];
-            if (S == 1) {
-              for (int j = 0; j < KW; j++)
-                t[j] = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j, W), row + j) : _mm512_loadu_ps(row + j);
-            } else {
-              for (int j = 0; j < KW; j += 2) {
-                const __m512 lo = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j, W), row + j) : _mm512_loadu_ps(row + j),
-                             hi = edge ? _mm512_maskz_loadu_ps(cs_mask(c0 + j + 16, W), row + j + 16)
-                                       : _mm512_loadu_ps(row + j + 16);
-                split512(lo, hi, &t[j], &t[j + 1]);
-              }
-            }
-            const float *wr = wb + (ci * KH + i) * KW * 16;
-#pragma GCC unroll 7
-            for (int j = 0; j < KW; j++)
-#pragma GCC unroll 16
-              for (int o = 0; o < 16; o++) acc[o] = _mm512_fmadd_ps(_mm512_set1_ps(wr[j * 16 + o]), t[j], acc[o]);
-          }
-#pragma GCC unroll 16
-        for (int o = 0; o < 16; o++) { /* a fixed trip count keeps acc in registers */
-          if (o >= no) break;
-          __m512 v = acc[o];
-          if (ro) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mn, ro + o * OHW + ox0));
-          _mm512_mask_storeu_ps(yo + o * OHW + ox0, mn, relu512(v, p->act));
-        }
+      for (int64_t ox0 = 0; ox0 < OW; ox0 += 16 * CS_NV) {
+        const int64_t nout = EX_MIN(16 * CS_NV, OW - ox0), nv = (nout + 15) / 16;
+        const float *ror = ro ? ro + ox0 : NULL;
+        if (nv == 3) cs_tile(g, xb + ox0, wb, bias, ror, yo + ox0, no, nout, KW, S, 3);
+        else if (nv == 2) cs_tile(g, xb + ox0, wb, bias, ror, yo + ox0, no, nout, KW, S, 2);
+        else cs_tile(g, xb + ox0, wb, bias, ror, yo + ox0, no, nout, KW, S, 1);
       }
       if (!clamp && p->act != EX_ACT_NONE)
         for (int64_t o = 0; o < no; o++) act_row(p->act, yo + o * OHW, OW);
@@ -1359,14 +1386,23 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
                         const float *res, float *y) {
   static void (*const fn[3][2])(void *, int64_t, int64_t) = {
       {cs_task_31, cs_task_32}, {cs_task_51, cs_task_52}, {cs_task_71, cs_task_72}};
-  const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + 15) / 16;
-  float *wt = sc_take(SC_ROW, (size_t)(ob * CK * 16));
-  if (!wt) return EX_ENOMEM;
-  for (int64_t o = 0; o < ob * 16; o++) /* channels past the end: zero */
-    for (int64_t t = 0; t < CK; t++) wt[(o / 16 * CK + t) * 16 + o % 16] = o < p->oc ? w[o * CK + t] : 0.0f;
-  cs_ctx g = {p, x, wt, bias, res, y};
+  const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + CS_OB - 1) / CS_OB, S = p->sw;
+  /* every tap of every output vector (16 lanes, the last one's past the row too) in bounds */
+  const int64_t hq = EX_MAX(p->h + 2 * p->ph, S * (p->oh - 1) + p->kh),
+                wq = EX_MAX(ROUND_UP(p->ow, 16) + (p->kw - 1) / S, (p->w + p->pw) / S + 1);
+  float *wt = sc_take(SC_ROW, (size_t)(ob * CK * CS_OB)), *xq = sc_take(SC_XD, (size_t)(p->n * p->c * hq * S * wq));
+  if (!wt || !xq) {
+    sc_give(SC_ROW, wt);
+    sc_give(SC_XD, xq);
+    return EX_ENOMEM;
+  }
+  for (int64_t o = 0; o < ob * CS_OB; o++) /* channels past the end: zero */
+    for (int64_t t = 0; t < CK; t++) wt[(o / CS_OB * CK + t) * CS_OB + o % CS_OB] = o < p->oc ? w[o * CK + t] : 0.0f;
+  cs_ctx g = {p, x, wt, bias, res, y, xq, hq, wq};
+  ex_parallel_for(p->n * p->c * hq, EX_MAX(1, 4096 / (S * wq)), cs_pad, &g);
   ex_parallel_for(p->n * p->oh, EX_MAX(1, 65536 / EX_MAX(p->ow * p->oc * CK, 1)), fn[p->kw / 2 - 1][p->sh - 1], &g);
   sc_give(SC_ROW, wt);
+  sc_give(SC_XD, xq);
   return EX_OK;
 }
 #endif
