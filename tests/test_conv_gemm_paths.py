@@ -246,11 +246,11 @@ def test_conv_1x1_stride2(w, pad, isa, threads):
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=f"oc={oc}")
 
 
-# at most 4 input channels (the stems), 3 x 3 to 7 x 7 at stride 1 or 2: the direct kernel (on
-# AVX-512) over a zero-padded copy of the input (split into even and odd columns at stride 2),
-# tiles of 8 output channels by up to 3 vectors of 16 outputs; odd sizes give padding at both ends
-# of a row, rows of one tile and of several with a last tile of 1 or 2 vectors and a short last
-# vector, and channel counts a short last block
+# at most 4 input channels (the stems), 3 x 3 to 7 x 7 at stride 1 or 2: the direct kernel (AVX-512
+# and AVX2) over a zero-padded copy of the input (split into even and odd columns at stride 2),
+# tiles of 8 (AVX2: 4) output channels by up to 3 vectors of 16 (8) outputs; odd sizes give
+# padding at both ends of a row, rows of one tile and of several with a last tile of 1 or 2
+# vectors and a short last vector, and channel counts a short last block
 @pytest.mark.parametrize("c,k,stride,pad", [(3, 3, 2, 1), (3, 7, 2, 3), (1, 5, 1, 2), (4, 3, 1, 0), (2, 7, 1, 1),
                                             (3, 5, 2, 0)])
 @pytest.mark.parametrize("hw", [(37, 45), (17, 16), (40, 71), (20, 112)])

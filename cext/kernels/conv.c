@@ -7,8 +7,9 @@
  *              over 1x1 directly in the GEMM's packed-B layout); a 1x1 stride-1 unpadded conv
  *              reads x itself as col.  Few output positions (7x7, 14x14) run transposed,
  *              col^T @ W^T, then a transpose with the epilogue.
- *              On AVX-512, at most 4 input channels (the stems) run a direct kernel instead,
- *              and stride 2 with kernels past 1x1 an implicit transposed GEMM (conv_s2).
+ *              At most 4 input channels (the stems) run a direct kernel instead (AVX2 and
+ *              AVX-512), and on AVX-512 stride 2 with kernels past 1x1 an implicit transposed
+ *              GEMM (conv_s2).
  *   DEPTHWISE  groups == c == oc: 3x3 and 5x5 at stride 1 or 2 by the direct kernel of
  *              depthwise.c, other shapes per output row of a zero-padded copy of each plane.
  *   WINOGRAD   F(4x4, 3x3), stride 1, dilation 1: weights pre-transformed to U[36][oc][c]
@@ -1272,15 +1273,23 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
  * 7x7 stem), and 32 or 64 output rows fill the GEMM's 14-row panels poorly.  Direct instead, on a
  * zero-padded copy of the input (xq; at stride 2 each row split into its even and odd columns), so
  * that every tap's input for 16 consecutive outputs of a row is one unaligned load: per output
- * row, a tile of 8 output channels by up to 3 vectors of 16 outputs (24 accumulators), each tap's
- * 8 weights broadcast into the FMAs of all the tile's vectors.  A tile of 16 channels by one
- * vector, each tap's vector split in registers, spent one broadcast load per FMA and ran at 60%
- * of the FMA peak, bound by the loads.  Bias starts the sums; the residual and ReLU/ReLU6 are
- * applied before the store.  Rows of the output are shared by the pool. */
-#ifdef EX_AVX512
+ * row, a tile of 8 output channels by up to 3 vectors of 16 outputs (24 accumulators; AVX2: 4 by
+ * 3 vectors of 8), each tap's weights broadcast into the FMAs of all the tile's vectors.  A tile
+ * of 16 channels by one vector, each tap's vector split in registers, spent one broadcast load
+ * per FMA and ran at 60% of the FMA peak, bound by the loads; with AVX2, im2col + GEMM ran the
+ * stems 10-40% slower than this kernel (3 -> 32 at 3x3: 0.58-0.60 -> 0.36 ms at one thread).
+ * Bias starts the sums; the residual and ReLU/ReLU6 are applied before the store.  Rows of the
+ * output are shared by the pool. */
+#ifdef EX_AVX2
 #define CS_MAXC 4
+#ifdef EX_AVX512
 #define CS_OB 8 /* output channels a tile */
-#define CS_NV 3 /* vectors of 16 outputs a tile, at most */
+#define CS_W 16 /* outputs a vector */
+#else
+#define CS_OB 4 /* 12 accumulators of 16 ymm registers */
+#define CS_W 8
+#endif
+#define CS_NV 3 /* vectors a tile, at most */
 typedef struct {
   const ex_conv_params *p;
   const float *x, *wt, *bias, *res; /* wt[oc / CS_OB blocks][c * kh * kw][CS_OB]: a tap's channels together */
@@ -1311,16 +1320,27 @@ static void cs_pad(void *vctx, int64_t r0, int64_t r1) {
   }
 }
 
+#ifdef EX_AVX512
+typedef __m512 cs_v;
+#define CS_LOAD _mm512_loadu_ps
+#define CS_SET1 _mm512_set1_ps
+#define CS_FMA _mm512_fmadd_ps
+#else
+typedef __m256 cs_v;
+#define CS_LOAD _mm256_loadu_ps
+#define CS_SET1 _mm256_set1_ps
+#define CS_FMA _mm256_fmadd_ps
+#endif
 static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const float *xr, const float *wb,
                                                           const float *bias, const float *ro, float *yo,
                                                           int64_t no, int64_t nout, const int KW, const int S,
                                                           const int NV) {
   const ex_conv_params *p = g->p;
   const int64_t KH = p->kh, OHW = p->oh * p->ow, plane = g->hq * S * g->wq;
-  __m512 acc[CS_OB][CS_NV];
+  cs_v acc[CS_OB][CS_NV];
 #pragma GCC unroll 8
   for (int o = 0; o < CS_OB; o++) {
-    const __m512 b0 = _mm512_set1_ps(bias && o < no ? bias[o] : 0.0f);
+    const cs_v b0 = CS_SET1(bias && o < no ? bias[o] : 0.0f);
     for (int v = 0; v < NV; v++) acc[o][v] = b0;
   }
   for (int64_t ci = 0; ci < p->c; ci++, xr += plane)
@@ -1329,16 +1349,18 @@ static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const
 #pragma GCC unroll 7
       for (int j = 0; j < KW; j++) {
         const float *xj = xi + (j % S) * g->wq + j / S;
-        __m512 t[CS_NV];
-        for (int v = 0; v < NV; v++) t[v] = _mm512_loadu_ps(xj + 16 * v);
+        cs_v t[CS_NV];
+        for (int v = 0; v < NV; v++) t[v] = CS_LOAD(xj + CS_W * v);
 #pragma GCC unroll 8
         for (int o = 0; o < CS_OB; o++) {
-          const __m512 w = _mm512_set1_ps(wr[j * CS_OB + o]);
-          for (int v = 0; v < NV; v++) acc[o][v] = _mm512_fmadd_ps(w, t[v], acc[o][v]);
+          const cs_v w = CS_SET1(wr[j * CS_OB + o]);
+          for (int v = 0; v < NV; v++) acc[o][v] = CS_FMA(w, t[v], acc[o][v]);
         }
       }
     }
-  const __mmask16 ml = (__mmask16)(0xFFFFu >> (16 - (nout - 16 * (NV - 1)))); /* the last vector's outputs */
+  const int64_t nl = nout - CS_W * (NV - 1); /* the last vector's outputs */
+#ifdef EX_AVX512
+  const __mmask16 ml = (__mmask16)(0xFFFFu >> (16 - nl));
 #pragma GCC unroll 8
   for (int o = 0; o < CS_OB; o++) {
     if (o >= no) break;
@@ -1349,6 +1371,24 @@ static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const
       _mm512_mask_storeu_ps(yo + o * OHW + 16 * v, m, relu512(r, p->act));
     }
   }
+#else
+  const __m256i ml = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nl), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6;
+#pragma GCC unroll 4
+  for (int o = 0; o < CS_OB; o++) {
+    if (o >= no) break;
+    for (int v = 0; v < NV; v++) {
+      float *yv = yo + o * OHW + 8 * v;
+      __m256 r = acc[o][v];
+      if (ro) r = _mm256_add_ps(r, v == NV - 1 ? _mm256_maskload_ps(ro + o * OHW + 8 * v, ml)
+                                               : _mm256_loadu_ps(ro + o * OHW + 8 * v));
+      if (clamp) r = _mm256_max_ps(_mm256_setzero_ps(), r); /* NaN passes: the second operand */
+      if (p->act == EX_ACT_RELU6) r = _mm256_min_ps(_mm256_set1_ps(6.0f), r);
+      if (v == NV - 1) _mm256_maskstore_ps(yv, ml, r);
+      else _mm256_storeu_ps(yv, r);
+    }
+  }
+#endif
 }
 
 static inline __attribute__((always_inline)) void cs_rows(const cs_ctx *g, int64_t r0, int64_t r1, const int KW,
@@ -1364,8 +1404,8 @@ static inline __attribute__((always_inline)) void cs_rows(const cs_ctx *g, int64
       float *yo = g->y + (b * p->oc + o0) * OHW + oy * OW;
       const float *ro = g->res ? g->res + (yo - g->y) : NULL, *bias = g->bias ? g->bias + o0 : NULL;
       const float *wb = g->wt + o0 * CK;
-      for (int64_t ox0 = 0; ox0 < OW; ox0 += 16 * CS_NV) {
-        const int64_t nout = EX_MIN(16 * CS_NV, OW - ox0), nv = (nout + 15) / 16;
+      for (int64_t ox0 = 0; ox0 < OW; ox0 += CS_W * CS_NV) {
+        const int64_t nout = EX_MIN(CS_W * CS_NV, OW - ox0), nv = (nout + CS_W - 1) / CS_W;
         const float *ror = ro ? ro + ox0 : NULL;
         if (nv == 3) cs_tile(g, xb + ox0, wb, bias, ror, yo + ox0, no, nout, KW, S, 3);
         else if (nv == 2) cs_tile(g, xb + ox0, wb, bias, ror, yo + ox0, no, nout, KW, S, 2);
@@ -1414,7 +1454,7 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
   if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
   if (!x || !w || !y) return EX_EINVAL;
   const int dw_ok = p->groups == p->c && p->oc == p->c;
-#ifdef EX_AVX512
+#ifdef EX_AVX2
   if ((p->algo == EX_CONV_AUTO || p->algo == EX_CONV_GEMM) && !dw_ok && cs_ok(p))
     return conv_small_c(p, x, w, bias, res, y);
 #endif
