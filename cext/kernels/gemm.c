@@ -211,12 +211,14 @@ typedef struct {
   int act;
 } uk_epi;
 
-/* the first `rows` rows (rows <= MR; a is still an MR-row panel) and nv 16-column vectors of the
- * tile, the last of them stored under mask mk (a narrow last panel: B's zero padding is not
- * computed); e: NULL, or the epilogue (last K block only).  pf: pre-packed weights stream from
- * memory (UK_PF_A: A is them, UK_PF_B: B), prefetched further ahead, since the hardware
- * prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead.  far: NULL,
- * or a share of the weights' next panel, fetched into L2 a line every 64 / fstep steps. */
+/* the first `rows` rows (rows <= MR) and nv 16-column vectors of the tile, the last vector
+ * stored under mask mk (a narrow last panel: B's zero padding is not computed); A an MR-row
+ * packed panel (adir 0), rows `as` apart read in place (1), or row i of step p read in place at
+ * a + ko[p] + i (2).  e: NULL, or the epilogue (last K block only).  pf: pre-packed weights
+ * stream from memory (UK_PF_A: A is them, UK_PF_B: B), prefetched further ahead, since the
+ * hardware prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead.
+ * far: NULL, or a share of the weights' next panel, fetched into L2 a line every 64 / fstep
+ * steps. */
 enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4 };
 static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, const int adir,
                                                            __mmask16 mk, int64_t kc, const float *a,
