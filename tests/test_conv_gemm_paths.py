@@ -92,6 +92,30 @@ def check_same_conv(n, c, oc, hw, k, act, bias, res):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
 
 
+def check_conv(n, c, oc, hw, k, stride, pad, act, bias, res):
+    """A k x k convolution at the given stride and padding (bias, residual and activation as
+    asked), weights as given (packed per call where the path wants them packed) and pre-packed,
+    against NumPy."""
+    h, w = hw
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    x, wt = rnd(n, c, h, w), rnd(oc, c, k, k)
+    b = rnd(oc) if bias else None
+    r = rnd(n, oc, oh, ow) if res else None
+    want = conv2d_ref(x, wt, b, (stride, stride), (pad,) * 4)
+    want = _act_ref(want if r is None else want + r, act)
+    p = conv_params(x.shape, want.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
+    for pack in (False, True):
+        keep = None
+        if pack:
+            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
+            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
+            p.wpack = fp(keep)
+        y = np.full(want.shape, np.nan, np.float32)
+        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
+                             fp(y)) == 0
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+
+
 # planes of 17..49 outputs with 64+ output channels run transposed (T = col^T @ W^T, then the
 # 16 x 16 block transpose with the epilogue); channel counts with tails of 1..15 past a block
 @pytest.mark.parametrize("hw", [(1, 17), (5, 5), (7, 7), (3, 9)])
@@ -111,25 +135,7 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
 @pytest.mark.parametrize("hw", [(10, 5), (16, 16), (27, 19)])
 @pytest.mark.parametrize("act,bias,res", [("relu", True, True), ("none", False, False), ("silu", True, False)])
 def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, isa, threads):
-    h, w = hw
-    pad = k // 2
-    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    x, wt = rnd(1, c, h, w), rnd(oc, c, k, k)
-    b = rnd(oc) if bias else None
-    r = rnd(1, oc, oh, ow) if res else None
-    want = conv2d_ref(x, wt, b, (stride, stride), (pad,) * 4)
-    want = _act_ref(want if r is None else want + r, act)
-    p = conv_params(x.shape, want.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
-    for pack in (False, True):
-        keep = None
-        if pack:
-            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
-            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
-            p.wpack = fp(keep)
-        y = np.full(want.shape, np.nan, np.float32)
-        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
-                             fp(y)) == 0
-        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+    check_conv(1, c, oc, hw, k, stride, k // 2, act, bias, res)
 
 
 # stride 2 with a kernel past 1 x 1, at least 14 outputs a row (AVX-512): an implicit GEMM that
@@ -142,24 +148,7 @@ def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, 
 @pytest.mark.parametrize("oc,act,bias,res", [(32, "relu", True, True), (45, "none", False, False),
                                              (100, "silu", True, False)])
 def test_conv_stride2_implicit(c, k, pad, hw, oc, act, bias, res, isa, threads):
-    h, w = hw
-    oh, ow = (h + 2 * pad - k) // 2 + 1, (w + 2 * pad - k) // 2 + 1
-    x, wt = rnd(2, c, h, w), rnd(oc, c, k, k)
-    b = rnd(oc) if bias else None
-    r = rnd(2, oc, oh, ow) if res else None
-    want = conv2d_ref(x, wt, b, (2, 2), (pad,) * 4)
-    want = _act_ref(want if r is None else want + r, act)
-    p = conv_params(x.shape, want.shape, (k, k), (2, 2), (pad, pad), (1, 1), 1, act, "gemm")
-    for pack in (False, True):
-        keep = None
-        if pack:
-            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
-            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
-            p.wpack = fp(keep)
-        y = np.full(want.shape, np.nan, np.float32)
-        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
-                             fp(y)) == 0
-        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+    check_conv(2, c, oc, hw, k, 2, pad, act, bias, res)
 
 
 # a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
