@@ -236,6 +236,43 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
 }
 
 #define I2C_PK 524288
+/* ---- a zero-padded copy of the input, for kernels that read every tap in place ----
+ * xq[n][c][hq][stride][wq]: each input row with its padding around it, at stride 2 split into its
+ * even columns then its odd ones (padded column 2 m + pw + q holds x[2 m + q]), so that a tap of
+ * consecutive outputs of a row reads consecutive floats.  Used by conv_s2 and the stem kernel. */
+#ifdef EX_AVX2
+typedef struct {
+  const ex_conv_params *p;
+  const float *x;
+  float *xq;
+  int64_t hq, wq;
+} xq_ctx;
+
+/* padded rows per channel (hq) and floats per row, or half row (wq): every tap of ow_read outputs
+ * of every row in bounds, and every input column */
+static void xq_dims(const ex_conv_params *p, int64_t ow_read, int64_t *hq, int64_t *wq) {
+  const int64_t S = p->sw;
+  *hq = EX_MAX(p->h + 2 * p->ph, S * (p->oh - 1) + p->kh);
+  *wq = EX_MAX(ow_read + (p->kw - 1) / S, (p->w + p->pw) / S + 1);
+}
+
+/* rows [r0, r1) of xq, over images and channels */
+static void xq_task(void *vctx, int64_t r0, int64_t r1) {
+  const xq_ctx *g = vctx;
+  const ex_conv_params *p = g->p;
+  const int64_t S = p->sw, wq = g->wq, pw = p->pw;
+  for (int64_t r = r0; r < r1; r++) {
+    const int64_t bc = r / g->hq, iy = r % g->hq - p->ph;
+    float *row = g->xq + r * S * wq;
+    memset(row, 0, (size_t)(S * wq) * sizeof(float));
+    if (iy < 0 || iy >= p->h) continue;
+    const float *src = g->x + (bc * p->h + iy) * p->w;
+    if (S == 1) memcpy(row + pw, src, (size_t)p->w * sizeof(float));
+    else if (pw % 2 == 0) deinterleave(src, p->w, row + pw / 2, row + wq + pw / 2);
+    else deinterleave(src, p->w, row + wq + (pw - 1) / 2, row + (pw + 1) / 2);
+  }
+}
+#endif
 /* ---- stride 2, kernels past 1x1 (ResNet's 3x3 downsampling): implicit GEMM, transposed ----
  * T[pixel, oc] = col^T @ W^T as conv_tr computes it, with W^T pre-packed as B, but A read from the
  * input itself instead of from an im2col copy: the zero-padded input is split once into its even
@@ -245,19 +282,11 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
  * then conv_tr's transpose with the epilogue.  AVX-512 only (the micro-kernel's per-step
  * offsets), and rows of at least MR outputs: at 7 x 7 the 7-row tiles ran 7% slower than
  * im2col + GEMM. */
-#ifdef EX_AVX512
-/* xq's padded rows per channel (hq) and floats per half row (wq): every tap of every output in
- * bounds, and every input column */
-static void s2_dims(const ex_conv_params *p, int64_t *hq, int64_t *wq) {
-  *hq = EX_MAX(p->h + 2 * p->ph, 2 * (p->oh - 1) + p->kh);
-  *wq = EX_MAX(p->ow + p->kw / 2, (p->w + p->pw) / 2 + 1);
-}
-#endif
 
 static int conv_s2_ok(const ex_conv_params *p) {
 #ifdef EX_AVX512
   int64_t hq, wq;
-  s2_dims(p, &hq, &wq);
+  xq_dims(p, p->ow, &hq, &wq);
   return p->groups == 1 && p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1 && p->kh * p->kw > 1 &&
          p->c > 4 /* the stems: conv_small_c */ && p->oc >= 32 && p->ow >= MR &&
          (double)p->c * hq * 2 * wq < 2147483647.0; /* ko's offsets fit int32 */
@@ -270,30 +299,12 @@ static int conv_s2_ok(const ex_conv_params *p) {
 #ifdef EX_AVX512
 typedef struct {
   const ex_conv_params *p;
-  const float *x;       /* one image */
-  float *xq;            /* [c][hq][2][wq]: padded rows, even then odd columns */
+  const float *xq;      /* one image's [c][hq][2][wq] (xq_task) */
   const int32_t *ko;    /* per k, its offset in xq past a tile's base (+ 8 for the prefetch) */
   const float *wpk;     /* W^T packed as B */
   float *t;             /* T[oh * ow][oc] */
   int64_t hq, wq, K, ks, np, rch; /* np: B panels; rch: output rows per unit */
 } s2_ctx;
-
-/* padded rows [r0, r1) of xq (over all channels) */
-static void s2_split(void *vctx, int64_t r0, int64_t r1) {
-  const s2_ctx *g = vctx;
-  const ex_conv_params *p = g->p;
-  const int64_t wq = g->wq, pw = p->pw;
-  for (int64_t r = r0; r < r1; r++) {
-    const int64_t c = r / g->hq, iy = r % g->hq - p->ph;
-    float *ev = g->xq + r * 2 * wq, *od = ev + wq;
-    memset(ev, 0, (size_t)(2 * wq) * sizeof(float));
-    if (iy < 0 || iy >= p->h) continue;
-    /* padded column 2 m + pw + q holds x[2 m + q]: its half and index there */
-    const float *src = g->x + (c * p->h + iy) * p->w;
-    if (pw % 2 == 0) deinterleave(src, p->w, ev + pw / 2, od + pw / 2);
-    else deinterleave(src, p->w, od + (pw - 1) / 2, ev + (pw + 1) / 2);
-  }
-}
 
 /* units [u0, u1): one B panel (32 output channels) and a range of rch output rows each */
 static void s2_task(void *vctx, int64_t u0, int64_t u1) {
@@ -308,13 +319,12 @@ static void s2_task(void *vctx, int64_t u0, int64_t u1) {
     for (int64_t pc = 0; pc < K; pc += ks) {
       const int64_t kc = EX_MIN(ks, K - pc);
       const float *pb = g->wpk + pc * pad_oc + jr * kc;
-      /* the next panel, a share per tile (as sgemm_range's far prefetch) */
-      const int64_t fstep = (NR * 4 + tiles - 1) / tiles;
-      const char *far = (const char *)(pb + kc * NR);
+      int64_t t = 0, fstep;
       for (int64_t oy = y0; oy < y1; oy++)
-        for (int64_t ox = 0; ox < ow; ox += MR, far += fstep * kc) {
+        for (int64_t ox = 0; ox < ow; ox += MR, t++) {
           const int64_t rows = EX_MIN(MR, ow - ox);
           const float *a = g->xq + 2 * oy * 2 * g->wq + ox;
+          const char *far = far_share(pb + kc * NR, NR, kc, tiles, t, &fstep); /* as sgemm_range's */
           UK_KO_TAB[nv - 1][rows](kc, a, g->ko + pc, pb, g->t + (oy * ow + ox) * oc + jr, oc, pc > 0, mk, far, fstep);
         }
     }
@@ -324,8 +334,8 @@ static void s2_task(void *vctx, int64_t u0, int64_t u1) {
 static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, const float *bias, const float *res,
                    float *y) {
   const int64_t C = p->c, O = p->oc, N = p->oh * p->ow, K = C * p->kh * p->kw;
-  s2_ctx g = {p, NULL, NULL, NULL, wpk, NULL, 0, 0, K, kc_step(K), (O + NR - 1) / NR, 1};
-  s2_dims(p, &g.hq, &g.wq);
+  s2_ctx g = {p, NULL, NULL, wpk, NULL, 0, 0, K, kc_step(K), (O + NR - 1) / NR, 1};
+  xq_dims(p, p->ow, &g.hq, &g.wq);
   float *xq = sc_take(SC_XD, (size_t)(C * g.hq * 2 * g.wq)), *t = sc_take(SC_TR, (size_t)(N * O));
   int32_t *ko = malloc((size_t)(K + 8) * sizeof(int32_t));
   if (!xq || !t || !ko) {
@@ -346,8 +356,8 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
   const int64_t nr = g.np >= want ? 1 : EX_MIN(p->oh, (want + g.np - 1) / g.np);
   g.rch = (p->oh + nr - 1) / nr;
   for (int64_t b = 0; b < p->n; b++) {
-    g.x = x + b * C * p->h * p->w;
-    ex_parallel_for(C * g.hq, EX_MAX(1, 4096 / g.wq), s2_split, &g);
+    xq_ctx xc = {p, x + b * C * p->h * p->w, xq, g.hq, g.wq};
+    ex_parallel_for(C * g.hq, EX_MAX(1, 4096 / g.wq), xq_task, &xc);
     ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), 1, s2_task, &g);
     ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
     ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
@@ -1292,32 +1302,15 @@ static int conv_pack_weights(const ex_conv_params *p, const float *w, float *out
 #define CS_NV 3 /* vectors a tile, at most */
 typedef struct {
   const ex_conv_params *p;
-  const float *x, *wt, *bias, *res; /* wt[oc / CS_OB blocks][c * kh * kw][CS_OB]: a tap's channels together */
-  float *y, *xq;                    /* xq[n][c][hq][stride][wq] */
+  const float *wt, *bias, *res; /* wt[oc / CS_OB blocks][c * kh * kw][CS_OB]: a tap's channels together */
+  float *y;
+  const float *xq;              /* xq[n][c][hq][stride][wq] (xq_task) */
   int64_t hq, wq;
 } cs_ctx;
 
 static int cs_ok(const ex_conv_params *p) {
   return p->groups == 1 && p->c <= CS_MAXC && (p->kw == 3 || p->kw == 5 || p->kw == 7) && p->kh <= 7 &&
          p->sh == p->sw && p->sh <= 2 && p->dh == 1 && p->dw == 1 && p->ow >= 16;
-}
-
-/* rows [r0, r1) of xq, over images and channels: zero padding around the input row, at stride 2
- * its even columns then its odd ones (padded column 2 m + pw + q holds x[2 m + q]) */
-static void cs_pad(void *vctx, int64_t r0, int64_t r1) {
-  const cs_ctx *g = vctx;
-  const ex_conv_params *p = g->p;
-  const int64_t S = p->sw, wq = g->wq, pw = p->pw;
-  for (int64_t r = r0; r < r1; r++) {
-    const int64_t bc = r / g->hq, iy = r % g->hq - p->ph;
-    float *row = g->xq + r * S * wq;
-    memset(row, 0, (size_t)(S * wq) * sizeof(float));
-    if (iy < 0 || iy >= p->h) continue;
-    const float *src = g->x + (bc * p->h + iy) * p->w;
-    if (S == 1) memcpy(row + pw, src, (size_t)p->w * sizeof(float));
-    else if (pw % 2 == 0) deinterleave(src, p->w, row + pw / 2, row + wq + pw / 2);
-    else deinterleave(src, p->w, row + wq + (pw - 1) / 2, row + (pw + 1) / 2);
-  }
 }
 
 #ifdef EX_AVX512
@@ -1427,9 +1420,8 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
   static void (*const fn[3][2])(void *, int64_t, int64_t) = {
       {cs_task_31, cs_task_32}, {cs_task_51, cs_task_52}, {cs_task_71, cs_task_72}};
   const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + CS_OB - 1) / CS_OB, S = p->sw;
-  /* every tap of every output vector (16 lanes, the last one's past the row too) in bounds */
-  const int64_t hq = EX_MAX(p->h + 2 * p->ph, S * (p->oh - 1) + p->kh),
-                wq = EX_MAX(ROUND_UP(p->ow, 16) + (p->kw - 1) / S, (p->w + p->pw) / S + 1);
+  int64_t hq, wq;
+  xq_dims(p, ROUND_UP(p->ow, CS_W), &hq, &wq); /* the last vector's lanes past the row read too */
   float *wt = sc_take(SC_ROW, (size_t)(ob * CK * CS_OB)), *xq = sc_take(SC_XD, (size_t)(p->n * p->c * hq * S * wq));
   if (!wt || !xq) {
     sc_give(SC_ROW, wt);
@@ -1438,8 +1430,9 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
   }
   for (int64_t o = 0; o < ob * CS_OB; o++) /* channels past the end: zero */
     for (int64_t t = 0; t < CK; t++) wt[(o / CS_OB * CK + t) * CS_OB + o % CS_OB] = o < p->oc ? w[o * CK + t] : 0.0f;
-  cs_ctx g = {p, x, wt, bias, res, y, xq, hq, wq};
-  ex_parallel_for(p->n * p->c * hq, EX_MAX(1, 4096 / (S * wq)), cs_pad, &g);
+  xq_ctx xc = {p, x, xq, hq, wq};
+  ex_parallel_for(p->n * p->c * hq, EX_MAX(1, 4096 / (S * wq)), xq_task, &xc);
+  cs_ctx g = {p, wt, bias, res, y, xq, hq, wq};
   ex_parallel_for(p->n * p->oh, EX_MAX(1, 65536 / EX_MAX(p->ow * p->oc * CK, 1)), fn[p->kw / 2 - 1][p->sh - 1], &g);
   sc_give(SC_ROW, wt);
   sc_give(SC_XD, xq);

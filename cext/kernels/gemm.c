@@ -533,6 +533,14 @@ static inline int b_in_place(const sg_ctx *g, int64_t rows) {
 }
 #endif
 
+/* tile t of the T tiles that reuse a panel of kc steps its share of the weights' next panel
+ * (kc steps of `floats` each, from next): where it starts, and the bytes a step (*fstep) */
+static inline const char *far_share(const float *next, int64_t floats, int64_t kc, int64_t T, int64_t t,
+                                    int64_t *fstep) {
+  *fstep = (floats * (int64_t)sizeof(float) + T - 1) / T;
+  return (const char *)next + t * *fstep * kc;
+}
+
 /* C[i0:i1, j0:j1] = A[i0:i1, :] @ B[:, j0:j1] (+ epilogue) */
 static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   const int64_t k = g->k, ldc = g->ldc;
@@ -617,13 +625,11 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             const char *far = NULL;
             int64_t fstep = 0;
             if (g->far == 'a') {
-              const int64_t R = ROUND_UP(ge - ig, MR), tr = R / MR, T = tr * ((nc + NR - 1) / NR);
-              fstep = (R * 4 + T - 1) / T;
-              far = (const char *)(apc + (ig + R) * kc) + (jr / NR * tr + (ir - ig) / MR) * fstep * kc;
+              const int64_t R = ROUND_UP(ge - ig, MR), tr = R / MR;
+              far = far_share(apc + (ig + R) * kc, R, kc, tr * ((nc + NR - 1) / NR),
+                              jr / NR * tr + (ir - ig) / MR, &fstep);
             } else if (g->far == 'b') {
-              const int64_t T = (ge - ig + MR - 1) / MR;
-              fstep = (NR * 4 + T - 1) / T;
-              far = (const char *)(pb + kc * NR) + (ir - ig) / MR * fstep * kc;
+              far = far_share(pb + kc * NR, NR, kc, (ge - ig + MR - 1) / MR, (ir - ig) / MR, &fstep);
             }
             int fused = 0;
             if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
