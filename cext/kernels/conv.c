@@ -237,10 +237,11 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
 
 #define I2C_PK 524288
 /* ---- a zero-padded copy of the input, for kernels that read every tap in place ----
- * xq[n][c][hq][stride][wq]: each input row with its padding around it, at stride 2 split into its
- * even columns then its odd ones (padded column 2 m + pw + q holds x[2 m + q]), so that a tap of
- * consecutive outputs of a row reads consecutive floats.  Used by conv_s2 and the stem kernel. */
-#ifdef EX_AVX2
+ * xq[n][c][hq][stride][wq]: each input row with its padding around it (hq rows, the padding as p
+ * gives it at the top and left), at stride 2 split into its even columns then its odd ones
+ * (padded column 2 m + pw + q holds x[2 m + q]), so that a tap of consecutive outputs of a row
+ * reads consecutive floats.  Used by the Winograd tiles, the stem kernel and conv_s2; on the
+ * pool (one thread took a tenth of a 64-channel 56 x 56 Winograd layer's time at two threads). */
 typedef struct {
   const ex_conv_params *p;
   const float *x;
@@ -250,29 +251,46 @@ typedef struct {
 
 /* padded rows per channel (hq) and floats per row, or half row (wq): every tap of ow_read outputs
  * of every row in bounds, and every input column */
-static void xq_dims(const ex_conv_params *p, int64_t ow_read, int64_t *hq, int64_t *wq) {
+static inline void xq_dims(const ex_conv_params *p, int64_t ow_read, int64_t *hq, int64_t *wq) {
   const int64_t S = p->sw;
   *hq = EX_MAX(p->h + 2 * p->ph, S * (p->oh - 1) + p->kh);
   *wq = EX_MAX(ow_read + (p->kw - 1) / S, (p->w + p->pw) / S + 1);
 }
 
-/* rows [r0, r1) of xq, over images and channels */
+/* rows [r0, r1) of xq, over images and channels; at stride 1 each float written once (the
+ * input's columns past wq left out: the Winograd tiles' padded width may be narrower), at stride
+ * 2 the row zeroed first */
 static void xq_task(void *vctx, int64_t r0, int64_t r1) {
   const xq_ctx *g = vctx;
   const ex_conv_params *p = g->p;
   const int64_t S = p->sw, wq = g->wq, pw = p->pw;
+  const int64_t left = EX_MIN(pw, wq), ncopy = EX_MAX(0, EX_MIN(p->w, wq - left));
   for (int64_t r = r0; r < r1; r++) {
     const int64_t bc = r / g->hq, iy = r % g->hq - p->ph;
     float *row = g->xq + r * S * wq;
-    memset(row, 0, (size_t)(S * wq) * sizeof(float));
-    if (iy < 0 || iy >= p->h) continue;
     const float *src = g->x + (bc * p->h + iy) * p->w;
-    if (S == 1) memcpy(row + pw, src, (size_t)p->w * sizeof(float));
-    else if (pw % 2 == 0) deinterleave(src, p->w, row + pw / 2, row + wq + pw / 2);
-    else deinterleave(src, p->w, row + wq + (pw - 1) / 2, row + (pw + 1) / 2);
+    if (iy < 0 || iy >= p->h) {
+      memset(row, 0, (size_t)(S * wq) * sizeof(float));
+    } else if (S == 1) {
+      memset(row, 0, (size_t)left * sizeof(float));
+      memcpy(row + left, src, (size_t)ncopy * sizeof(float));
+      memset(row + left + ncopy, 0, (size_t)(wq - left - ncopy) * sizeof(float));
+    } else {
+      memset(row, 0, (size_t)(2 * wq) * sizeof(float));
+      if (pw % 2 == 0) deinterleave(src, p->w, row + pw / 2, row + wq + pw / 2);
+      else deinterleave(src, p->w, row + wq + (pw - 1) / 2, row + (pw + 1) / 2);
+    }
   }
 }
-#endif
+
+/* the padded copy (hq x wq a row, stride p->sw) in the given scratch slot; NULL if out of memory */
+static float *xq_padded(const ex_conv_params *p, const float *x, int64_t hq, int64_t wq, int slot) {
+  float *xq = sc_take(slot, (size_t)(p->n * p->c * hq * p->sw * wq));
+  if (!xq) return NULL;
+  xq_ctx c = {p, x, xq, hq, wq};
+  ex_parallel_for(p->n * p->c * hq, EX_MAX(1, 16384 / (p->sw * wq)), xq_task, &c);
+  return xq;
+}
 /* ---- stride 2, kernels past 1x1 (ResNet's 3x3 downsampling): implicit GEMM, transposed ----
  * T[pixel, oc] = col^T @ W^T as conv_tr computes it, with W^T pre-packed as B, but A read from the
  * input itself instead of from an im2col copy: the zero-padded input is split once into its even
@@ -336,7 +354,7 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
   const int64_t C = p->c, O = p->oc, N = p->oh * p->ow, K = C * p->kh * p->kw;
   s2_ctx g = {p, NULL, NULL, wpk, NULL, 0, 0, K, kc_step(K), (O + NR - 1) / NR, 1};
   xq_dims(p, p->ow, &g.hq, &g.wq);
-  float *xq = sc_take(SC_XD, (size_t)(C * g.hq * 2 * g.wq)), *t = sc_take(SC_TR, (size_t)(N * O));
+  float *xq = xq_padded(p, x, g.hq, g.wq, SC_XD), *t = sc_take(SC_TR, (size_t)(N * O));
   int32_t *ko = malloc((size_t)(K + 8) * sizeof(int32_t));
   if (!xq || !t || !ko) {
     free(ko);
@@ -348,7 +366,6 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
     const int64_t kk = EX_MIN(k, K - 1), c = kk / (p->kh * p->kw), i = kk / p->kw % p->kh, j = kk % p->kw;
     ko[k] = (int32_t)(((c * g.hq + i) * 2 + (j & 1)) * g.wq + j / 2);
   }
-  g.xq = xq;
   g.ko = ko;
   g.t = t;
   /* units: B panels x ranges of output rows, about 4 a thread */
@@ -356,8 +373,7 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
   const int64_t nr = g.np >= want ? 1 : EX_MIN(p->oh, (want + g.np - 1) / g.np);
   g.rch = (p->oh + nr - 1) / nr;
   for (int64_t b = 0; b < p->n; b++) {
-    xq_ctx xc = {p, x + b * C * p->h * p->w, xq, g.hq, g.wq};
-    ex_parallel_for(C * g.hq, EX_MAX(1, 4096 / g.wq), xq_task, &xc);
+    g.xq = xq + b * C * g.hq * 2 * g.wq;
     ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), 1, s2_task, &g);
     ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
     ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
@@ -938,43 +954,6 @@ static void wgp_out(void *vctx, int64_t o0, int64_t o1) {
   wg_out(c->g, c->t0, c->M, o0, o1);
 }
 
-typedef struct {
-  const ex_conv_params *p;
-  const float *x;
-  float *xp;
-  int64_t ph, pw;
-} wpad_ctx;
-
-/* planes [q0, q1): each row's zeros and copy written once */
-static void wpad_task(void *vctx, int64_t q0, int64_t q1) {
-  const wpad_ctx *c = vctx;
-  const ex_conv_params *p = c->p;
-  const int64_t left = EX_MIN(p->pw, c->pw), ncopy = EX_MAX(0, EX_MIN(p->w, c->pw - left));
-  for (int64_t q = q0; q < q1; q++)
-    for (int64_t iy = 0; iy < c->ph; iy++) {
-      float *row = c->xp + (q * c->ph + iy) * c->pw;
-      const int64_t sy = iy - p->ph;
-      if (sy < 0 || sy >= p->h) {
-        memset(row, 0, (size_t)c->pw * sizeof(float));
-        continue;
-      }
-      memset(row, 0, (size_t)left * sizeof(float));
-      memcpy(row + left, c->x + (q * p->h + sy) * p->w, (size_t)ncopy * sizeof(float));
-      memset(row + left + ncopy, 0, (size_t)(c->pw - left - ncopy) * sizeof(float));
-    }
-}
-
-/* the input zero-padded to ph x pw per plane (the padding at the top left, as p says) in the
- * SC_WG_X scratch buffer, so that every Winograd tile reads in bounds; NULL if out of memory.
- * On the pool: one thread took a tenth of a 64-channel 56 x 56 layer's time at two threads. */
-static float *wg_padded(const ex_conv_params *p, const float *x, int64_t ph, int64_t pw) {
-  float *xp = sc_take(SC_WG_X, (size_t)(p->n * p->c * ph * pw));
-  if (!xp) return NULL;
-  wpad_ctx c = {p, x, xp, ph, pw};
-  ex_parallel_for(p->n * p->c, EX_MAX(1, 16384 / (ph * pw)), wpad_task, &c);
-  return xp;
-}
-
 static int conv_winograd(const ex_conv_params *p, const float *x, const float *u,
                          const float *bias, const float *res, float *y) {
   if (p->kh != 3 || p->kw != 3 || p->sh != 1 || p->sw != 1 || p->dh != 1 || p->dw != 1 ||
@@ -1001,7 +980,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
 #ifdef EX_AVX2
   { /* zero-padded input: every tile reads in bounds (+8 floats of slack per row) */
     g.xpw = 4 * g.tw + 2 + 8;
-    g.xp = xp = wg_padded(p, x, 4 * g.th + 2, g.xpw);
+    g.xp = xp = xq_padded(p, x, 4 * g.th + 2, g.xpw, SC_WG_X);
   }
 #endif
   if (phased) {
@@ -1152,7 +1131,7 @@ static int conv_winograd2(const ex_conv_params *p, const float *x, const float *
   const float *upk = packed_b_for(p->wpack, C, O) && p->wpack[WG_MARK] == 16 ? p->wpack : NULL;
   w2_ctx g = {p, u, upk, bias, res, y, NULL, NULL, 2 * th + 2, 2 * tw + 2, tw, tw * th, 0, 0, 0, 0, 0, NULL, NULL, 0};
   /* the zero-padded input: every tile reads in bounds */
-  float *xp = wg_padded(p, x, g.xph, g.xpw);
+  float *xp = xq_padded(p, x, g.xph, g.xpw, SC_WG_X);
   if (!xp) return EX_ENOMEM;
   g.xp = xp;
   /* blocks of up to about 128 tiles, balanced, whole MR panels */
@@ -1419,10 +1398,10 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
                         const float *res, float *y) {
   static void (*const fn[3][2])(void *, int64_t, int64_t) = {
       {cs_task_31, cs_task_32}, {cs_task_51, cs_task_52}, {cs_task_71, cs_task_72}};
-  const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + CS_OB - 1) / CS_OB, S = p->sw;
+  const int64_t CK = p->c * p->kh * p->kw, ob = (p->oc + CS_OB - 1) / CS_OB;
   int64_t hq, wq;
   xq_dims(p, ROUND_UP(p->ow, CS_W), &hq, &wq); /* the last vector's lanes past the row read too */
-  float *wt = sc_take(SC_ROW, (size_t)(ob * CK * CS_OB)), *xq = sc_take(SC_XD, (size_t)(p->n * p->c * hq * S * wq));
+  float *wt = sc_take(SC_ROW, (size_t)(ob * CK * CS_OB)), *xq = xq_padded(p, x, hq, wq, SC_XD);
   if (!wt || !xq) {
     sc_give(SC_ROW, wt);
     sc_give(SC_XD, xq);
@@ -1430,8 +1409,6 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
   }
   for (int64_t o = 0; o < ob * CS_OB; o++) /* channels past the end: zero */
     for (int64_t t = 0; t < CK; t++) wt[(o / CS_OB * CK + t) * CS_OB + o % CS_OB] = o < p->oc ? w[o * CK + t] : 0.0f;
-  xq_ctx xc = {p, x, xq, hq, wq};
-  ex_parallel_for(p->n * p->c * hq, EX_MAX(1, 4096 / (S * wq)), xq_task, &xc);
   cs_ctx g = {p, wt, bias, res, y, xq, hq, wq};
   ex_parallel_for(p->n * p->oh, EX_MAX(1, 65536 / EX_MAX(p->ow * p->oc * CK, 1)), fn[p->kw / 2 - 1][p->sh - 1], &g);
   sc_give(SC_ROW, wt);
