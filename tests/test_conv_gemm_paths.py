@@ -61,12 +61,14 @@ def test_matmul_a_in_place(m, n, k, pad, isa, threads):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def conv1x1(x, w, act, bias, res, pack):
-    """ex_conv2d of a 1x1 (or k x k, 'same' padding) convolution, weights optionally pre-packed."""
+def run_conv(x, w, act, bias, res, pack, stride=1, pad=None):
+    """ex_conv2d (the GEMM algorithm) of a k x k convolution, 'same' padding unless given, weights
+    optionally pre-packed; the output starts as NaN, so a position left unwritten fails."""
     n, c, h, wd = x.shape
     oc, _, k, _ = w.shape
-    y = np.empty((n, oc, h, wd), np.float32)
-    p = conv_params(x.shape, y.shape, (k, k), (1, 1), (k // 2,) * 2, (1, 1), 1, act, "gemm")
+    pad = k // 2 if pad is None else pad
+    y = np.full((n, oc, (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1), np.nan, np.float32)
+    p = conv_params(x.shape, y.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
     keep = None
     if pack:
         keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
@@ -78,42 +80,20 @@ def conv1x1(x, w, act, bias, res, pack):
     return y
 
 
-def check_same_conv(n, c, oc, hw, k, act, bias, res):
-    """A k x k 'same' convolution (bias, residual and activation as asked), weights as given and
-    pre-packed, against NumPy."""
+def check_conv(n, c, oc, hw, k, act, bias, res, stride=1, pad=None):
+    """A k x k convolution ('same' padding unless given; bias, residual and activation as asked),
+    weights as given (packed per call where the path wants them packed) and pre-packed, against
+    NumPy."""
     h, w = hw
+    pad = k // 2 if pad is None else pad
     x, wt = rnd(n, c, h, w), rnd(oc, c, k, k)
     b = rnd(oc) if bias else None
-    r = rnd(n, oc, h, w) if res else None
-    want = conv2d_ref(x, wt, b, pads=(k // 2,) * 4)
-    want = _act_ref(want if r is None else want + r, act)
-    for pack in (False, True):
-        got = conv1x1(x, wt, act, b, r, pack)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
-
-
-def check_conv(n, c, oc, hw, k, stride, pad, act, bias, res):
-    """A k x k convolution at the given stride and padding (bias, residual and activation as
-    asked), weights as given (packed per call where the path wants them packed) and pre-packed,
-    against NumPy."""
-    h, w = hw
-    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    x, wt = rnd(n, c, h, w), rnd(oc, c, k, k)
-    b = rnd(oc) if bias else None
-    r = rnd(n, oc, oh, ow) if res else None
     want = conv2d_ref(x, wt, b, (stride, stride), (pad,) * 4)
+    r = rnd(*want.shape) if res else None
     want = _act_ref(want if r is None else want + r, act)
-    p = conv_params(x.shape, want.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
     for pack in (False, True):
-        keep = None
-        if pack:
-            keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
-            assert lib.ex_conv_pack_weights(p, fp(wt), fp(keep)) == 0
-            p.wpack = fp(keep)
-        y = np.full(want.shape, np.nan, np.float32)
-        assert lib.ex_conv2d(p, fp(x), fp(wt), ffi.NULL if b is None else fp(b), ffi.NULL if r is None else fp(r),
-                             fp(y)) == 0
-        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+        got = run_conv(x, wt, act, b, r, pack, stride, pad)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
 
 
 # planes of 17..49 outputs with 64+ output channels run transposed (T = col^T @ W^T, then the
@@ -124,7 +104,7 @@ def check_conv(n, c, oc, hw, k, stride, pad, act, bias, res):
                                           ("silu", False, True)])
 @pytest.mark.parametrize("k", [1, 3])
 def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
-    check_same_conv(2, 40, oc, hw, k, act, bias, res)
+    check_conv(2, 40, oc, hw, k, act, bias, res)
 
 
 # at most 256 output positions and a depth of at least twice the output channels run transposed
@@ -135,7 +115,7 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
 @pytest.mark.parametrize("hw", [(10, 5), (16, 16), (27, 19)])
 @pytest.mark.parametrize("act,bias,res", [("relu", True, True), ("none", False, False), ("silu", True, False)])
 def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, isa, threads):
-    check_conv(1, c, oc, hw, k, stride, k // 2, act, bias, res)
+    check_conv(1, c, oc, hw, k, act, bias, res, stride)
 
 
 # stride 2 with a kernel past 1 x 1, at least 14 outputs a row (AVX-512): an implicit GEMM that
@@ -148,7 +128,7 @@ def test_conv_deep_small_plane_transposed(c, oc, k, stride, hw, act, bias, res, 
 @pytest.mark.parametrize("oc,act,bias,res", [(32, "relu", True, True), (45, "none", False, False),
                                              (100, "silu", True, False)])
 def test_conv_stride2_implicit(c, k, pad, hw, oc, act, bias, res, isa, threads):
-    check_conv(2, c, oc, hw, k, 2, pad, act, bias, res)
+    check_conv(2, c, oc, hw, k, act, bias, res, 2, pad)
 
 
 # a last tile of 1..4 columns past a 16-column vector, with A (the weights) pre-packed, goes a
@@ -161,7 +141,7 @@ def test_conv_stride2_implicit(c, k, pad, hw, oc, act, bias, res, isa, threads):
 @pytest.mark.parametrize("act,bias,res", [("none", False, False), ("relu", True, True), ("relu6", True, False),
                                           ("gelu", True, True)])
 def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
-    check_same_conv(1, c, 20, hw, k, act, bias, res)
+    check_conv(1, c, 20, hw, k, act, bias, res)
 
 
 # a product of one K block walks its rows in groups of one or two tiles, each group across all
@@ -172,14 +152,14 @@ def test_conv_last_columns(hw, c, k, act, bias, res, isa, threads):
 @pytest.mark.parametrize("c,hw", [(16, (19, 23)), (64, (12, 45)), (300, (9, 40))])
 @pytest.mark.parametrize("act,bias,res", [("relu", True, True), ("none", False, False), ("gelu", True, True)])
 def test_conv_1x1_row_groups(oc, c, hw, act, bias, res, isa, threads):
-    check_same_conv(1, c, oc, hw, 1, act, bias, res)
+    check_conv(1, c, oc, hw, 1, act, bias, res)
 
 
 def test_conv_small_plane_relu_keeps_nan(isa):
     """The transposed form's in-register ReLU lets NaN through, as NumPy and act_row do."""
     x, wt = rnd(1, 32, 7, 7), rnd(64, 32, 1, 1)
     x[0, :, 3, 4] = np.nan
-    got = conv1x1(x, wt, "relu", None, None, True)
+    got = run_conv(x, wt, "relu", None, None, True)
     assert np.isnan(got[:, :, 3, 4]).all()
     mask = np.ones((7, 7), bool)
     mask[3, 4] = False
