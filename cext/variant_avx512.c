@@ -10,7 +10,7 @@
 #include <string.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2,prfchw")
 #define EX_AVX2 1
 #define EX_AVX512 1
 #define EX_TABLE ex_kernels_avx512

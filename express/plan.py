@@ -310,10 +310,15 @@ def _offset(lay, x, b):
 
 
 def _allocate(steps, base, last, own, lay):
-    """Arena offsets of the bases that do not outlive the plan: best fit by lifetime; a group may
+    """Arena offsets of the bases that do not outlive the plan: best fit by lifetime.  A group may
     write over an input base whose last read it is, when every read of that base has the output's
-    layout (so each element is read before it is overwritten)."""
+    layout (so each element is read before it is overwritten); so may a kernel over the input its
+    op names (`overwrites`: a convolution's residual), when no other input reads that base."""
     arena, live, sizes, offsets = _Arena(), {}, {}, {}
+
+    def dying(b, s, n):
+        return id(b) in live and last.get(id(b)) == s and sizes[id(b)] == n
+
     for s, (kind, out, reads, _) in enumerate(steps):
         if id(out) not in own and kind != "inplace":
             n = _nbytes(out)
@@ -321,11 +326,17 @@ def _allocate(steps, base, last, own, lay):
             if kind == "group":
                 for x in reads:
                     b = base[id(x)]
-                    if (id(b) in live and last.get(id(b)) == s and sizes[id(b)] == n and all(
-                            _same_layout(lay[id(y)], lay[id(out)]) and _offset(lay, y, b) == 0
-                            for y in reads if base[id(y)] is b)):
+                    if dying(b, s, n) and all(_same_layout(lay[id(y)], lay[id(out)]) and _offset(lay, y, b) == 0
+                                              for y in reads if base[id(y)] is b):
                         donor = b
                         break
+            elif kind == "kernel" and out.op.overwrites is not None:
+                k = out.op.overwrites(reads, **out.attrs)
+                b = base[id(reads[k])] if k is not None else None
+                if (b is not None and dying(b, s, n) and _same_layout(lay[id(reads[k])], lay[id(out)])
+                        and _offset(lay, reads[k], b) == 0
+                        and all(base[id(y)] is not b for j, y in enumerate(reads) if j != k)):
+                    donor = b
             live[id(out)] = live.pop(id(donor)) if donor is not None else arena.take(n)
             offsets[id(out)] = live[id(out)]
             sizes[id(out)] = n

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from express._lib import ffi, lib
-from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params
+from express.ops.nn import ACTS, _act_ref, conv2d_ref, conv_params, winograd_weights
 from test_kernels import fp, rnd, vp  # the cffi pointer helpers of the kernel tests
 
 # m from just past the skinny path (16) across 12 panels of 14 rows (168) and beyond; n across
@@ -61,29 +61,34 @@ def test_matmul_a_in_place(m, n, k, pad, isa, threads):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def run_conv(x, w, act, bias, res, pack, stride=1, pad=None):
-    """ex_conv2d (the GEMM algorithm) of a k x k convolution, 'same' padding unless given, weights
-    optionally pre-packed; the output starts as NaN, so a position left unwritten fails."""
+def run_conv(x, w, act, bias, res, pack, stride=1, pad=None, alias=False, algo="gemm", groups=1, wk=None):
+    """ex_conv2d of a k x k convolution, 'same' padding unless given, weights optionally
+    pre-packed (or wk, Winograd's transformed ones, in their place); the output starts as NaN, so
+    a position left unwritten fails, or (alias) as the residual itself, passed as both (a residual
+    that dies there gives the output its buffer)."""
     n, c, h, wd = x.shape
-    oc, _, k, _ = w.shape
+    oc, k = w.shape[0], w.shape[-1]
     pad = k // 2 if pad is None else pad
     y = np.full((n, oc, (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1), np.nan, np.float32)
-    p = conv_params(x.shape, y.shape, (k, k), (stride, stride), (pad, pad), (1, 1), 1, act, "gemm")
+    p = conv_params(x.shape, y.shape, (k, k), (stride, stride), (pad, pad), (1, 1), groups, act, algo)
     keep = None
     if pack:
         keep = np.empty(lib.ex_conv_packed_size(p), np.float32)
         assert lib.ex_conv_pack_weights(p, fp(w), fp(keep)) == 0
         p.wpack = fp(keep)
-    rc = lib.ex_conv2d(p, fp(x), fp(w), ffi.NULL if bias is None else fp(bias), ffi.NULL if res is None else fp(res),
-                       fp(y))
+    if alias:
+        y[...] = res
+        res = y
+    rc = lib.ex_conv2d(p, fp(x), fp(w if wk is None else wk), ffi.NULL if bias is None else fp(bias),
+                       ffi.NULL if res is None else fp(res), fp(y))
     assert rc == 0
     return y
 
 
 def check_conv(n, c, oc, hw, k, act, bias, res, stride=1, pad=None):
     """A k x k convolution ('same' padding unless given; bias, residual and activation as asked),
-    weights as given (packed per call where the path wants them packed) and pre-packed, against
-    NumPy."""
+    weights as given (packed per call where the path wants them packed) and pre-packed, a residual
+    apart from the output and as the output's own buffer, against NumPy."""
     h, w = hw
     pad = k // 2 if pad is None else pad
     x, wt = rnd(n, c, h, w), rnd(oc, c, k, k)
@@ -92,8 +97,34 @@ def check_conv(n, c, oc, hw, k, act, bias, res, stride=1, pad=None):
     r = rnd(*want.shape) if res else None
     want = _act_ref(want if r is None else want + r, act)
     for pack in (False, True):
-        got = run_conv(x, wt, act, b, r, pack, stride, pad)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k), err_msg=f"pack={pack}")
+        for alias in (False, True) if res else (False,):
+            got = run_conv(x, wt, act, b, r, pack, stride, pad, alias)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k),
+                                       err_msg=f"pack={pack} alias={alias}")
+
+
+# the output written over its residual (the planner's choice for a 1x1 convolution whose residual
+# dies there) on every path, not just the GEMM ones above: those that add the products onto the
+# residual in place (im2col with two K blocks, 1x1), Winograd F(4x4) and F(2x2), whose output
+# transforms read each residual element before writing it, and the paths that take a copy
+# (depthwise direct and general, the few-channel stem, weights not pre-packed: with one output
+# channel the GEMV, which adds the residual after writing the products)
+@pytest.mark.parametrize("case", ["im2col", "1x1", "winograd", "winograd2", "dw3", "dw7", "stem", "unpacked",
+                                  "unpacked1"])
+def test_conv_residual_as_output(case, isa, threads):
+    c, oc, k, stride, groups, algo = {
+        "im2col": (70, 40, 3, 1, 1, "gemm"), "1x1": (600, 50, 1, 1, 1, "gemm"),
+        "winograd": (24, 40, 3, 1, 1, "winograd"), "winograd2": (24, 40, 3, 1, 1, "winograd2"),
+        "dw3": (40, 40, 3, 2, 40, "auto"), "dw7": (24, 24, 7, 1, 24, "auto"), "stem": (3, 32, 3, 2, 1, "gemm"),
+        "unpacked": (30, 20, 3, 1, 1, "gemm"), "unpacked1": (30, 1, 1, 1, 1, "gemm")}[case]
+    x, wt, b = rnd(2, c, 19, 22), rnd(oc, c // groups, k, k), rnd(oc)
+    want = conv2d_ref(x, wt, b, (stride, stride), (k // 2,) * 4, groups=groups)
+    r = rnd(*want.shape)
+    want = np.maximum(want + r, 0)
+    wk = winograd_weights(wt, algo) if algo.startswith("winograd") else None
+    got = run_conv(x, wt, "relu", b, r, case not in ("unpacked", "unpacked1", "winograd", "winograd2"), stride, alias=True,
+                   algo=algo, groups=groups, wk=wk)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(c * k * k))
 
 
 # planes of 17..49 outputs with 64+ output channels run transposed (T = col^T @ W^T, then the

@@ -314,6 +314,30 @@ def test_fusion_conv_bn_add_relu_is_one_kernel():
     close(ex.compile(block)(x), want)
 
 
+def test_conv_output_takes_over_dying_residual(threads):
+    """A 1x1 convolution's output is written over its residual's buffer when nothing reads the
+    residual after it: one buffer for both.  Not when a later step reads the residual, nor when
+    the residual is the convolution's own input (read while the output is written).  Each graph
+    against NumPy."""
+    from express.plan import Plan
+    x, wa, wb, wc, wd = rnd(1, 8, 20, 20), rnd(16, 8, 1, 1), rnd(16, 8, 1, 1), rnd(4, 16, 1, 1), rnd(16, 16, 1, 1)
+    tx, plane = ex.asarray(x), 16 * 20 * 20 * 4
+    ra, rb = conv2d_ref(x, wa), conv2d_ref(x, wb)
+    r = F.conv2d(tx, wa)
+    z = F.conv2d(F.relu(F.conv2d(tx, wb) + r), wc)  # r dies in the residual convolution
+    plan = Plan([z])
+    assert plan.arena_bytes == plane
+    close(plan.run()[0], conv2d_ref(np.maximum(rb + ra, 0), wc))
+    r = F.conv2d(tx, wa)
+    z = F.conv2d(F.relu(F.conv2d(tx, wb) + r) + r, wc)  # r read again after it
+    plan = Plan([z])
+    assert plan.arena_bytes == 2 * plane
+    close(plan.run()[0], conv2d_ref(np.maximum(rb + ra, 0) + ra, wc))
+    r = F.conv2d(tx, wa)
+    z = F.conv2d(F.conv2d(r, wd) + r, wc)  # the residual is also the input
+    close(z, conv2d_ref(conv2d_ref(ra, wd) + ra, wc))
+
+
 def test_fusion_keeps_shared_producers():
     """A conv output that is also returned is not absorbed into its consumer."""
     x, w = rnd(1, 4, 6, 6), rnd(4, 4, 1, 1)

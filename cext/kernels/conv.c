@@ -220,18 +220,13 @@ static void ctr_task(void *vctx, int64_t q0, int64_t q1) {
   }
   return;
 #endif
-  for (int64_t q = q0 * 16; q < EX_MIN(ocg, q1 * 16); q += 16) {
-    const int64_t no = EX_MIN(16, ocg - q);
-    for (int64_t j = 0; j < N; j++)
-      for (int64_t o = 0; o < no; o++) c->y[(q + o) * N + j] = c->tr[j * ocg + q + o];
-    for (int64_t o = q; o < q + no; o++) {
-      float *yr = c->y + o * N;
-      const float bv = c->bias ? c->bias[o] : 0.0f;
-      for (int64_t j = 0; j < N; j++) yr[j] += bv;
-      if (c->res)
-        for (int64_t j = 0; j < N; j++) yr[j] += c->res[o * N + j];
-      act_row(c->p->act, yr, N);
-    }
+  /* a row of y at a time, each element written once, after its residual is read (y may be the
+   * residual's buffer); a block's 16 rows read the same lines of T */
+  for (int64_t o = q0 * 16; o < EX_MIN(ocg, q1 * 16); o++) {
+    float *yr = c->y + o * N;
+    const float bv = c->bias ? c->bias[o] : 0.0f, *rr = c->res ? c->res + o * N : NULL;
+    for (int64_t j = 0; j < N; j++) yr[j] = rr ? c->tr[j * ocg + o] + bv + rr[j] : c->tr[j * ocg + o] + bv;
+    act_row(c->p->act, yr, N);
   }
 }
 
@@ -1417,16 +1412,10 @@ static int conv_small_c(const ex_conv_params *p, const float *x, const float *w,
 }
 #endif
 
-static int conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
-                  const float *res, float *y) {
-  int err = conv_check(p);
-  if (err) return err;
-  if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
-  if (!x || !w || !y) return EX_EINVAL;
-  const int dw_ok = p->groups == p->c && p->oc == p->c;
+static int conv_run(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                    const float *res, float *y, int dw_ok, int small_c) {
 #ifdef EX_AVX2
-  if ((p->algo == EX_CONV_AUTO || p->algo == EX_CONV_GEMM) && !dw_ok && cs_ok(p))
-    return conv_small_c(p, x, w, bias, res, y);
+  if (small_c) return conv_small_c(p, x, w, bias, res, y);
 #endif
   switch (p->algo) {
   case EX_CONV_AUTO: return dw_ok ? conv_depthwise(p, x, w, bias, res, y) : conv_gemm(p, x, w, bias, res, y);
@@ -1436,4 +1425,33 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
   case EX_CONV_WINOGRAD2: return conv_winograd2(p, x, w, bias, res, y);
   default: return EX_EINVAL;
   }
+}
+
+static int conv2d(const ex_conv_params *p, const float *x, const float *w, const float *bias,
+                  const float *res, float *y) {
+  int err = conv_check(p);
+  if (err) return err;
+  if (p->n * p->oc * p->oh * p->ow == 0) return EX_OK;
+  if (!x || !w || !y) return EX_EINVAL;
+  const int dw_ok = p->groups == p->c && p->oc == p->c;
+#ifdef EX_AVX2
+  const int small_c = (p->algo == EX_CONV_AUTO || p->algo == EX_CONV_GEMM) && !dw_ok && cs_ok(p);
+#else
+  const int small_c = 0;
+#endif
+  /* y may be the residual's own buffer (the planner gives a residual that dies here its buffer to
+   * the output).  Winograd and the GEMM over pre-packed weights read each residual element before
+   * writing that output, or add the products onto it; the other paths get a copy */
+  const int gemm = p->algo == EX_CONV_GEMM || (p->algo == EX_CONV_AUTO && !dw_ok);
+  if (res && res == y && !(p->algo == EX_CONV_WINOGRAD || p->algo == EX_CONV_WINOGRAD2) &&
+      (!gemm || small_c || !p->wpack)) {
+    const size_t n = (size_t)(p->n * p->oc * p->oh * p->ow) * sizeof(float);
+    float *rc = malloc(n);
+    if (!rc) return EX_ENOMEM;
+    memcpy(rc, res, n);
+    err = conv_run(p, x, w, bias, rc, y, dw_ok, small_c);
+    free(rc);
+    return err;
+  }
+  return conv_run(p, x, w, bias, res, y, dw_ok, small_c);
 }

@@ -219,7 +219,7 @@ typedef struct {
  * hardware prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead.
  * far: NULL, or a share of the weights' next panel, fetched into L2 a line every 64 / fstep
  * steps. */
-enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4 };
+enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4, UK_PF_BFAR = 8 };
 static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, const int adir,
                                                            __mmask16 mk, int64_t kc, const float *a,
                                                            int64_t as, const float *b, int64_t bs, float *c,
@@ -249,6 +249,11 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
     if (pf & UK_PF_BROW) { /* unpacked B: this row's next panel */
       _mm_prefetch((const char *)(b + NR), _MM_HINT_T0);
       _mm_prefetch((const char *)(b + NR + 16), _MM_HINT_T0);
+    } else if (pf & UK_PF_BFAR) { /* or this panel's row 8 steps on, and the next panel's into L2 */
+      _mm_prefetch((const char *)(b + 8 * bs), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + 8 * bs + 16), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + NR), _MM_HINT_T1);
+      _mm_prefetch((const char *)(b + NR + 16), _MM_HINT_T1);
     }
 #pragma GCC unroll 14
     for (int i = 0; i < rows; i++) {
@@ -555,12 +560,23 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   float *ap = tl_ap, *bp = tl_bp;
   if (!ap || !bp) return EX_ENOMEM;
   float edge[MR * NR] __attribute__((aligned(64)));
+  /* C may start out as the residual (a convolution writing over a residual that dies there, which
+   * spares the stores their reads of fresh lines): the products then add onto it from the first K
+   * block, and the epilogue adds no residual */
+  const int ip = g->ep->res == g->c && g->ep->res_ld == ldc;
+  const epi_t epl = {g->ep->bias, g->ep->bias_rows, ip ? NULL : g->ep->res, g->ep->res_ld, g->ep->act}, *ep = &epl;
   /* shared mode: just the one block of B the caller packed */
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
 #ifdef EX_AVX512
   const int bdir = !g->bsh && b_in_place(g, i1 - i0);
-  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? UK_PF_BROW : 0);
+  /* B read in place: rows 2 KB or more apart are a stride the core's prefetchers do not follow, so
+   * with panels of 96 rows or more the micro-kernel fetches them itself, 8 steps ahead, and the
+   * next panel goes to L2 only: with the current one it overflowed L1 (1x1 convolutions at 56x56
+   * and 28x28 with K 144 - 512 10-15% faster; with K 32, 15% slower).  Otherwise the next panel
+   * comes into L1 */
+  const int bfar = g->brs >= 512 && kmax >= 96;
+  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? (bfar ? UK_PF_BFAR : UK_PF_BROW) : 0);
   /* a small row-major A (its MC x KC block within L2, rows not a multiple of 2 KB apart, which
    * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
   const int adir = !g->apk && g->acs == 1 && mmax * kmax <= ADIR_MAX && g->ars % 512;
@@ -571,12 +587,12 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
    * as much as the micro-kernel */
   const int64_t ncs = g->bsh || g->bpk ? NC : nc_step(kmax, j1 - j0, i1 - i0);
-  const int pf_c = g->m * g->n >= ((int64_t)1 << 18); /* C of 1 MB or more */
+  const int pf_c = g->m * g->n >= ((int64_t)1 << 18) || ip; /* C of 1 MB or more, or the residual */
   for (int64_t jc = jb; jc < je; jc += ncs) {
     const int64_t nc = EX_MIN(ncs, je - jc);
     for (int64_t pc = pb; pc < pe; pc += ks) {
       const int64_t kc = EX_MIN(ks, k - pc);
-      const int last = pc + kc >= k;
+      const int last = pc + kc >= k, acc = pc > 0 || ip;
       const float *bpc = bp;
       if (g->bsh) bpc = g->bsh;
       else if (g->bpk) bpc = g->bpk + pc * ROUND_UP(g->n, NR) + jc * kc;
@@ -600,7 +616,7 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
              * block, read and written by the later ones; fetching them for the later ones too ran
              * 2048/4096-square products 3-5% faster) and residual rows, fetched while the
              * micro-kernel runs: its mr rows are too many streams for the hardware prefetcher */
-            if (pf_c || (last && g->ep->res)) {
+            if (pf_c || (last && ep->res)) {
               int64_t nir = ir + MR < ge ? ir + MR : ig, njr = ir + MR < ge ? jr : jr + NR;
               if (njr >= nc && ge < mc) nir = ge, njr = 0; /* the next group's first tile */
               if (njr < nc)
@@ -610,8 +626,8 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                     __builtin_prefetch(cn, 1, 3);
                     __builtin_prefetch(cn + nnr - 1, 1, 3);
                   }
-                  if (last && g->ep->res) {
-                    const float *rr = g->ep->res + (ic + nir + i) * g->ep->res_ld + jc + njr;
+                  if (last && ep->res) {
+                    const float *rr = ep->res + (ic + nir + i) * ep->res_ld + jc + njr;
                     __builtin_prefetch(rr, 0, 3);
                     __builtin_prefetch(rr + nnr - 1, 0, 3);
                   }
@@ -632,18 +648,18 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
               far = far_share(pb + kc * NR, NR, kc, (ge - ig + MR - 1) / MR, (ir - ig) / MR, &fstep);
             }
             int fused = 0;
-            if (uk_tile(g->ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
-                        ldc, pc > 0, pf, far, fstep, &fused)) {
+            if (uk_tile(ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
+                        ldc, acc, pf, far, fstep, &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
-              ukernel(kc, pa, pb, c, ldc, pc > 0, far, fstep);
+              ukernel(kc, pa, pb, c, ldc, acc, far, fstep);
             } else { /* partial tile through a buffer */
               ukernel(kc, pa, pb, edge, NR, 0, far, fstep);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
-                  c[i * ldc + j] = pc > 0 ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
+                  c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
             }
-            if (last && !fused) epi_tile(g->ep, c, ldc, ic + ir, jc + jr, mr, nr);
+            if (last && !fused) epi_tile(ep, c, ldc, ic + ir, jc + jr, mr, nr);
           }
         }
       }

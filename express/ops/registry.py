@@ -27,6 +27,9 @@ class OpDef:
     prepare: Callable | None = None
     contiguous: tuple = ()          # inputs a kernel needs C-contiguous (the planner copies)
     inplace: int | None = None      # a kernel that writes into this input's buffer and returns it
+    # (inputs, **attrs) -> the input a kernel may write its output over when that input's buffer
+    # dies there (the kernel reads each of its elements before writing that output), or None
+    overwrites: Callable | None = None
     doc: str = field(default="", repr=False)
 
     def __repr__(self):
