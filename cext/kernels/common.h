@@ -144,6 +144,15 @@ static void deinterleave(const float *s, int64_t n, float *ev, float *od) {
     _mm512_storeu_ps(ev + i / 2, e);
     _mm512_storeu_ps(od + i / 2, o);
   }
+  if (i < n) { /* the last 1..31 under masks (a 56-float row's 24 took as long as the 32 before) */
+    const int64_t r = n - i;
+    const __mmask16 m0 = (__mmask16)(r >= 16 ? 0xFFFFu : (1u << r) - 1), m1 = (__mmask16)(r > 16 ? (1u << (r - 16)) - 1 : 0);
+    __m512 e, o;
+    split512(_mm512_maskz_loadu_ps(m0, s + i), _mm512_maskz_loadu_ps(m1, s + i + 16), &e, &o);
+    _mm512_mask_storeu_ps(ev + i / 2, (__mmask16)((1u << (r + 1) / 2) - 1), e);
+    _mm512_mask_storeu_ps(od + i / 2, (__mmask16)((1u << r / 2) - 1), o);
+    return;
+  }
 #elif defined(EX_AVX2)
   for (; i + 16 <= n; i += 16) {
     __m256 e, o;
