@@ -35,10 +35,60 @@ static void max_into(float *d, const float *s, int64_t n) {
  * Otherwise the plane is copied into a padded buffer (-inf for max, 0 for avg), then per output
  * row a max/sum over the taps with unit (or constant) stride inner loops; avg divides by the
  * window size clipped as PyTorch does. */
+#ifdef EX_AVX512
+/* 3-wide windows at column stride 2, left padding 1 (ResNet's 3x3 s2 max pool), AVX-512: each
+ * input row's max over the window's columns once, 16 outputs a step (its even columns, its odd
+ * ones, and the odd ones one to the left), into h[row][ow], then per output row the max over the
+ * window's rows.  ResNet-18's 64 x 112 x 112 at one thread: 0.36 -> 0.24 ms (the rows reused
+ * from L1 rather than read again for the next output row, and prefetched).  Plain vmaxps drops
+ * a NaN in its first operand, so a plane with a NaN anywhere returns 0 and takes the general
+ * path. */
+static int max3s2_plane(const pool_ctx *g, const float *x, float *y, float *h) {
+  const __m512 ninf = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t r = 0; r < g->h; r++) {
+    const float *xr = x + r * g->w;
+    float *hr = h + r * g->ow;
+    __m512 odp = ninf; /* the previous step's odd columns: column 2 ox - 1 is od[ox - 1] */
+    for (int64_t o = 0; o < g->ow; o += 16) {
+      const int64_t c = 2 * o, n0 = EX_MAX(0, EX_MIN(16, g->w - c)), n1 = EX_MAX(0, EX_MIN(16, g->w - c - 16));
+      _mm_prefetch((const char *)(xr + c + 2048), _MM_HINT_T0); /* 8 KB on: 0.30 -> 0.24 ms */
+      _mm_prefetch((const char *)(xr + c + 2064), _MM_HINT_T0);
+      const __m512 v0 = _mm512_mask_loadu_ps(ninf, (__mmask16)((1u << n0) - 1), xr + c),
+                   v1 = _mm512_mask_loadu_ps(ninf, (__mmask16)((1u << n1) - 1), xr + c + 16);
+      nan |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q);
+      __m512 ev, od;
+      split512(v0, v1, &ev, &od);
+      const __m512 left = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(od), _mm512_castps_si512(odp), 15));
+      _mm512_mask_storeu_ps(hr + o, (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, g->ow - o))),
+                            _mm512_max_ps(_mm512_max_ps(left, ev), od));
+      odp = od;
+    }
+  }
+  if (nan) return 0;
+  for (int64_t oy = 0; oy < g->oh; oy++)
+    for (int64_t o = 0; o < g->ow; o += 16) {
+      const __mmask16 m = (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, g->ow - o)));
+      __m512 a = ninf;
+      for (int64_t i = 0; i < g->kh; i++) {
+        const int64_t iy = oy * g->sh - g->ph + i;
+        if (iy >= 0 && iy < g->h) a = _mm512_max_ps(a, _mm512_maskz_loadu_ps(m, h + iy * g->ow + o));
+      }
+      _mm512_mask_storeu_ps(y + oy * g->ow + o, m, a);
+    }
+  return 1;
+}
+#endif
+
 static void pool_plane_fast(const pool_ctx *g, const float *x, float *y, float *pad, float *acc) {
   const int64_t PH = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1,
                 PW = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
   const int mx = g->kind == EX_POOL_MAX;
+#ifdef EX_AVX512
+  if (mx && g->kw == 3 && g->sw == 2 && g->pw == 1 && g->dw == 1 && g->dh == 1 && PH * PW >= g->h * g->ow &&
+      max3s2_plane(g, x, y, pad))
+    return;
+#endif
   const float fill = mx ? -INFINITY : 0.0f;
   const int64_t lo = EX_MIN(g->pw, PW), hi = EX_MAX(EX_MIN(PW, g->pw + g->w), lo); /* inside the row */
   if (mx && g->sw == 2 && g->dw == 1) {
