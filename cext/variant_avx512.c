@@ -1,6 +1,7 @@
 /* The AVX-512 build of every kernel: the same sources as variant_avx2.c under a wider target
  * pragma, with EX_AVX2 (every AVX2 fast path) and EX_AVX512 (the 14x32 GEMM micro-kernel).
- * runtime.c only selects it when the CPU has avx512 f/bw/vl/dq besides avx2/fma/f16c. */
+ * runtime.c only selects it when the CPU has avx512 f/bw/vl/dq besides avx2/fma/f16c (every such
+ * CPU also has prefetchw, which the GEMM uses to fetch the C lines it will write). */
 #if defined(__x86_64__)
 /* system headers first, outside the target region */
 #include <immintrin.h>
