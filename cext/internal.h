@@ -62,8 +62,9 @@ extern const ex_kernel_table ex_kernels_avx2;
 extern const ex_kernel_table ex_kernels_avx512;
 #endif
 
-/* Run fn(ctx, begin, end) over disjoint ranges covering [0, n), each at least `grain` items
- * (except the last), on the pool; the caller takes part.  Runs inline when n <= grain, with one
+/* Run fn(ctx, begin, end) over disjoint ranges covering [0, n), each about `grain` items or more
+ * (the last may be shorter), at most 4 a thread and where possible a whole number a thread, on
+ * the pool; the caller takes part.  Runs inline when n <= grain, with one
  * thread, inside another task, or while another thread holds the pool. */
 typedef void (*ex_task_fn)(void *ctx, int64_t begin, int64_t end);
 void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx);

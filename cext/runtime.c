@@ -464,7 +464,11 @@ int64_t ex_parallel_per(int64_t n, int64_t grain) {
   const int nt = ex_pool_width();
   const int64_t chunks = (n + grain - 1) / grain, most = 4 * (int64_t)nt;
   if (nt == 1 || chunks <= 1) return n;
-  return (n + (chunks < most ? chunks : most) - 1) / (chunks < most ? chunks : most);
+  int64_t c = chunks < most ? chunks : most;
+  /* a whole number of chunks a thread where there are items enough: 64 channels in chunks of
+   * 10 ran as 4 + 3 chunks on two threads, one thread doing 40 */
+  if (c % nt && (c / nt + 1) * nt <= n) c = (c / nt + 1) * nt;
+  return (n + c - 1) / c;
 }
 
 void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx) {
