@@ -1443,15 +1443,14 @@ static int conv2d(const ex_conv_params *p, const float *x, const float *w, const
    * the output).  Winograd and the GEMM over pre-packed weights read each residual element before
    * writing that output, or add the products onto it; the other paths get a copy */
   const int gemm = p->algo == EX_CONV_GEMM || (p->algo == EX_CONV_AUTO && !dw_ok);
+  float *rc = NULL;
   if (res && res == y && !(p->algo == EX_CONV_WINOGRAD || p->algo == EX_CONV_WINOGRAD2) &&
       (!gemm || small_c || !p->wpack)) {
     const size_t n = (size_t)(p->n * p->oc * p->oh * p->ow) * sizeof(float);
-    float *rc = malloc(n);
-    if (!rc) return EX_ENOMEM;
-    memcpy(rc, res, n);
-    err = conv_run(p, x, w, bias, rc, y, dw_ok, small_c);
-    free(rc);
-    return err;
+    if (!(rc = malloc(n))) return EX_ENOMEM;
+    res = memcpy(rc, res, n);
   }
-  return conv_run(p, x, w, bias, res, y, dw_ok, small_c);
+  err = conv_run(p, x, w, bias, res, y, dw_ok, small_c);
+  free(rc);
+  return err;
 }

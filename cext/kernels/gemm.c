@@ -567,7 +567,9 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * spares the stores their reads of fresh lines): the products then add onto it from the first K
    * block, and the epilogue adds no residual */
   const int ip = g->ep->res == g->c && g->ep->res_ld == ldc;
-  const epi_t epl = {g->ep->bias, g->ep->bias_rows, ip ? NULL : g->ep->res, g->ep->res_ld, g->ep->act}, *ep = &epl;
+  epi_t epl = *g->ep;
+  if (ip) epl.res = NULL;
+  const epi_t *ep = &epl;
   /* shared mode: just the one block of B the caller packed */
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
