@@ -103,6 +103,23 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
     assert np.abs(y2 - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("act", ["none", "relu6", "silu", "gelu"])
+@pytest.mark.parametrize("shape", [(2, 16, 13, 9, 19), (1, 8, 28, 30, 24), (3, 8, 5, 41, 5), (1, 8, 6, 6, 9)])
+def test_winograd_epilogue_runs(shape, act, isa, threads):
+    """F(4x4)'s output rows are written a run of tiles at a time (tiles of one row, split where a
+    group of 8 crosses rows or images, clipped at the plane's edge): bias, residual, each activation,
+    and NaN in the residual passing through ReLU6 at its own position."""
+    n, c, h, w, oc = shape
+    x, wt, b, r = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc), rnd(n, oc, h, w)
+    r[0, 0, 0, 1] = r[-1, -1, -1, -1] = np.nan
+    rc, y = conv(x, winograd_weights(wt), oc, 3, 1, 1, "winograd", act=act, bias=b, res=r)
+    assert rc == 0
+    want = _act_ref(conv2d_ref(x, wt, b, pads=(1, 1, 1, 1)) + r, act)
+    assert np.array_equal(np.isnan(y), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert np.abs(y[ok] - want[ok]).max() <= 1e-4 * max(1.0, np.abs(want[ok]).max())
+
+
 @pytest.mark.parametrize("shape", [(1, 17, 9, 13, 1), (2, 33, 17, 7, 65), (1, 7, 65, 5, 7), (1, 520, 9, 9, 19),
                                    (1, 520, 13, 13, 65)])
 def test_winograd_prepacked_weights(shape, isa, threads):

@@ -675,18 +675,43 @@ static inline void wg_deint4(const float *s, __m256 *q) {
   q[2] = _mm256_shuffle_ps(t1, t3, 0x44);
   q[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
 }
-/* the inverse: 4 vectors -> 32 floats, d[4l + q] = lane l of vector q */
-static inline void wg_int4(const __m256 *q, float *d) {
+/* the inverse: 4 vectors -> 32 floats as 4 vectors, float 4 l + q of the 32 = lane l of q[q] */
+static inline void wg_int4(const __m256 *q, __m256 *d) {
   const __m256 t0 = _mm256_unpacklo_ps(q[0], q[1]), t1 = _mm256_unpackhi_ps(q[0], q[1]),
                t2 = _mm256_unpacklo_ps(q[2], q[3]), t3 = _mm256_unpackhi_ps(q[2], q[3]);
   const __m256 a = _mm256_shuffle_ps(t0, t2, 0x44), b = _mm256_shuffle_ps(t0, t2, 0xEE),
                c = _mm256_shuffle_ps(t1, t3, 0x44), e = _mm256_shuffle_ps(t1, t3, 0xEE);
   /* a = tiles {0, 4}, b = {1, 5}, c = {2, 6}, e = {3, 7} */
-  _mm256_storeu_ps(d, _mm256_permute2f128_ps(a, b, 0x20));
-  _mm256_storeu_ps(d + 8, _mm256_permute2f128_ps(c, e, 0x20));
-  _mm256_storeu_ps(d + 16, _mm256_permute2f128_ps(a, b, 0x31));
-  _mm256_storeu_ps(d + 24, _mm256_permute2f128_ps(c, e, 0x31));
+  d[0] = _mm256_permute2f128_ps(a, b, 0x20);
+  d[1] = _mm256_permute2f128_ps(c, e, 0x20);
+  d[2] = _mm256_permute2f128_ps(a, b, 0x31);
+  d[3] = _mm256_permute2f128_ps(c, e, 0x31);
 }
+/* lanes [lo, hi) of 8 floats at p: loaded (the rest zero) and stored (the rest untouched); the
+ * lanes outside are never accessed */
+static inline __m256 wg_ld(const float *p, int lo, int hi) {
+  if (lo == 0 && hi == 8) return _mm256_loadu_ps(p);
+#ifdef EX_AVX512
+  return _mm256_maskz_loadu_ps((__mmask8)(((1u << hi) - 1) & ~((1u << lo) - 1)), p);
+#else
+  const __m256i i = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_and_si256(_mm256_cmpgt_epi32(i, _mm256_set1_epi32(lo - 1)),
+                                                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), i)));
+#endif
+}
+static inline void wg_st(float *p, __m256 v, int lo, int hi) {
+  if (lo == 0 && hi == 8) { _mm256_storeu_ps(p, v); return; }
+#ifdef EX_AVX512
+  _mm256_mask_storeu_ps(p, (__mmask8)(((1u << hi) - 1) & ~((1u << lo) - 1)), v);
+#else
+  const __m256i i = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(p, _mm256_and_si256(_mm256_cmpgt_epi32(i, _mm256_set1_epi32(lo - 1)),
+                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), i)), v);
+#endif
+}
+/* a run of a block's 8-tile group: tiles [l0, l0 + n / 4) of one tile row, whose output rows are
+ * n floats from off (+ the channel's plane), rows of them */
+typedef struct { int16_t l0, n, rows; int64_t off; } wg_run;
 /* 8 rows of 8 floats -> 8 vectors, lane l of vector q = r[l][q] */
 static inline void wg_tr8(const __m256 *r, __m256 *q) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
@@ -836,6 +861,22 @@ static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64
 static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int64_t o1) {
   const ex_conv_params *p = g->p;
   const int64_t O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
+#ifdef EX_AVX2
+  /* each group's runs, found once for all the channels */
+  wg_run runs[WT];
+  int run0[WT / 8 + 1], nr = 0;
+  for (int64_t j = 0; j < nt; j += 8) {
+    run0[j / 8] = nr;
+    for (int64_t l = 0; l < 8 && j + l < nt;) {
+      const int64_t t = t0 + j + l, tt = t % g->T, oy = tt / g->tw * 4, ox = tt % g->tw * 4;
+      const int64_t n = EX_MIN(EX_MIN(8 - l, nt - j - l), g->tw - tt % g->tw);
+      runs[nr++] = (wg_run){(int16_t)l, (int16_t)EX_MIN(4 * n, p->ow - ox), (int16_t)EX_MIN(4, p->oh - oy),
+                            t / g->T * O * OHW + oy * p->ow + ox};
+      l += n;
+    }
+  }
+  run0[(nt + 7) / 8] = nr;
+#endif
   for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
       cv8 m[6][6], t[4][6];
@@ -854,44 +895,37 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
       }
       const float bv = g->bias ? g->bias[o] : 0.0f;
 #ifdef EX_AVX2
-      {
-        const int64_t t = t0 + j, tt = t % g->T, b = t / g->T, oy0 = tt / g->tw * 4, ox0 = tt % g->tw * 4;
-        const int64_t t7 = t + 7, tt7 = t7 % g->T;
-        if (j + 8 <= nt && t7 / g->T == b && tt7 / g->tw * 4 == oy0 && ox0 + 32 <= p->ow) {
-          for (int r = 0; r < 4 && oy0 + r < p->oh; r++) {
-            __m256 q4[4];
-            float row[32];
-            for (int q = 0; q < 4; q++) memcpy(&q4[q], &out[r][q], sizeof(cv8));
-            wg_int4(q4, row);
-            const int64_t off = (b * O + o) * OHW + (oy0 + r) * p->ow + ox0;
-            for (int e = 0; e < 32; e++) row[e] += bv;
-            if (g->res)
-              for (int e = 0; e < 32; e++) row[e] += g->res[off + e];
-            act_row(p->act, row, 32);
-            memcpy(g->y + off, row, sizeof row);
-          }
-          continue;
-        }
-        /* any 8 tiles: row r of every tile from one interleave, tile l's 4 values at 4 l */
+      { /* each run of the group's tiles as whole output rows: 32 floats interleaved from the 8
+         * tiles, + bias (+ residual), activation, stored under a mask where a run starts or ends
+         * inside a vector */
+        const __m256 bv8 = _mm256_set1_ps(bv);
+        __m256 row[4][4];
         for (int r = 0; r < 4; r++) {
           __m256 q4[4];
-          float row[32];
           for (int q = 0; q < 4; q++) memcpy(&q4[q], &out[r][q], sizeof(cv8));
-          wg_int4(q4, row);
-          for (int e = 0; e < 32; e++) row[e] += bv;
-          if (!g->res) act_row(p->act, row, 32);
-          for (int l = 0; l < 8 && j + l < nt; l++) {
-            const int64_t tl = t + l, ttl = tl % g->T, bl = tl / g->T;
-            const int64_t oyl = ttl / g->tw * 4 + r, oxl = ttl % g->tw * 4;
-            if (oyl >= p->oh) continue;
-            const int64_t nq = EX_MIN(4, p->ow - oxl), off = (bl * O + o) * OHW + oyl * p->ow + oxl;
-            float *v = row + 4 * l;
-            if (g->res) {
-              for (int q = 0; q < nq; q++) v[q] += g->res[off + q];
-              act_row(p->act, v, nq);
+          wg_int4(q4, row[r]);
+          for (int v = 0; v < 4; v++) row[r][v] = _mm256_add_ps(row[r][v], bv8);
+        }
+        for (int k = run0[j / 8]; k < run0[j / 8 + 1]; k++) {
+          const wg_run u = runs[k];
+          const int64_t off = o * OHW + u.off - 4 * u.l0; /* float 4 l0 of a row at off + 4 l0 */
+          for (int r = 0; r < u.rows; r++)
+            for (int v = u.l0 / 2; v < 4 && 8 * v < 4 * u.l0 + u.n; v++) {
+              const int lo = EX_MAX(0, 4 * u.l0 - 8 * v), hi = EX_MIN(8, 4 * u.l0 + u.n - 8 * v);
+              const int64_t e = off + r * p->ow + 8 * v;
+              __m256 y8 = row[r][v];
+              if (g->res) y8 = _mm256_add_ps(y8, wg_ld(g->res + e, lo, hi));
+              if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6) { /* NaN passes (act_row) */
+                y8 = _mm256_max_ps(_mm256_setzero_ps(), y8);
+                if (p->act == EX_ACT_RELU6) y8 = _mm256_min_ps(_mm256_set1_ps(6.0f), y8);
+              } else if (p->act != EX_ACT_NONE) {
+                float f[8];
+                _mm256_storeu_ps(f, y8);
+                act_row(p->act, f + lo, hi - lo);
+                y8 = _mm256_loadu_ps(f);
+              }
+              wg_st(g->y + e, y8, lo, hi);
             }
-            memcpy(g->y + off, v, (size_t)nq * sizeof(float));
-          }
         }
         continue;
       }
