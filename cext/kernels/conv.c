@@ -616,7 +616,12 @@ static int conv_pwdw(const ex_conv_params *p1, const float *w1, const float *b1,
 }
 
 /* ---- Winograd F(4x4, 3x3) ---- */
-#define WT 256 /* tiles per block (a multiple of 8) */
+#define WT 256 /* tiles per block (a multiple of 16) */
+#ifdef EX_AVX512
+#define WG_L 16 /* tiles per transform group: a lane each */
+#else
+#define WG_L 8
+#endif
 
 /* U[36][oc][ic] = G g G^T for every 3x3 kernel g = w[o][i] */
 static int winograd_weights(const float *w, float *u, int64_t oc, int64_t ic) {
@@ -752,8 +757,162 @@ static inline int64_t wg_voff(int64_t C, int64_t np, int64_t c, int64_t j) {
   return pc * np + j / NR * kc * NR + (c - pc) * NR + j % NR;
 }
 
+#ifdef EX_AVX512
+/* ---- the AVX-512 transforms: 16 tiles a group, one a lane ----
+ * A group's tiles fall in runs, consecutive tiles of one tile row (a group of 16 crosses a row of
+ * 14 tiles at 56 x 56): each run is read as whole rows of the padded input (its 4 n + 2 floats, as
+ * if the group's first lane began 4 l0 floats before it), the columns 4 l + q split out in
+ * registers, and blended into the lanes it owns; on the way out, each run's output rows are
+ * written whole, under masks where it starts or ends inside a vector.  The runs are found once a
+ * group, for all the channels. */
+typedef struct {
+  int64_t off;           /* input: lane 0's virtual window (channel 0); output: the run's first float */
+  int l0, n, rows;       /* first lane; output floats a row and rows */
+  __mmask16 lanes, m[6]; /* input: the run's lanes, and the floats of a row loaded, 16 v .. 16 v + 15
+                          * for m[v], v < 4, then float 64 (m[4]) and 65 (m[5]) */
+} wg_run16;
+
+static int wg_runs16(const wg_ctx *g, int64_t t0, int64_t j, int64_t nt, int in, wg_run16 *ru) {
+  const ex_conv_params *p = g->p;
+  int nr = 0;
+  for (int l = 0; l < 16 && j + l < nt;) {
+    const int64_t t = t0 + j + l, tt = t % g->T, b = t / g->T, ty = tt / g->tw, tx = tt % g->tw;
+    const int n = (int)EX_MIN(EX_MIN(16 - l, nt - j - l), g->tw - tx);
+    wg_run16 *u = &ru[nr++];
+    u->l0 = l;
+    if (in) {
+      u->off = ((b * p->c) * (4 * g->th + 2) + 4 * ty) * g->xpw + 4 * tx - 4 * l;
+      u->lanes = (__mmask16)(((1u << (l + n)) - 1) & ~((1u << l) - 1));
+      const int f0 = 4 * l, f1 = 4 * (l + n) + 2; /* floats [f0, f1) of the 66 */
+      for (int v = 0; v < 6; v++) {
+        const int base = v < 4 ? 16 * v : 60 + v; /* m[4]: float 64 at lane 0, m[5]: 65 */
+        const int nl = v < 4 ? 16 : 1;
+        uint32_t m = 0;
+        for (int i = 0; i < nl; i++) m |= (uint32_t)(base + i >= f0 && base + i < f1) << i;
+        u->m[v] = (__mmask16)m;
+      }
+    } else {
+      u->off = b * p->oc * p->oh * p->ow + 4 * ty * p->ow + 4 * tx;
+      u->n = (int)EX_MIN(4 * n, p->ow - 4 * tx);
+      u->rows = (int)EX_MIN(4, p->oh - 4 * ty);
+    }
+    l += n;
+  }
+  return nr;
+}
+
+static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c1) {
+  const ex_conv_params *p = g->p;
+  const int64_t C = p->c, nt = EX_MIN(g->tb, g->total - t0), np = ROUND_UP(nt, NR), n16 = ROUND_UP(nt, 16);
+  const int64_t plane = (4 * g->th + 2) * g->xpw, W = g->xpw;
+  if (n16 < np) /* the packed panels' columns past the last group: zero */
+    for (int x = 0; x < 36; x++)
+      for (int64_t c = c0; c < c1; c++)
+        memset(V + x * g->vx + wg_voff(C, np, c, n16), 0, (size_t)(np - n16) * sizeof(float));
+  const __m512i i4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28), one = _mm512_set1_epi32(1);
+  for (int64_t j = 0; j < nt; j += 16) {
+    wg_run16 ru[16];
+    const int nr = wg_runs16(g, t0, j, nt, 1, ru);
+    for (int64_t c = c0; c < c1; c++) {
+      __m512 h[6][6]; /* h[r][k]: input row r across the tile, transformed: d B */
+      for (int r = 0; r < 6; r++) {
+        __m512 q[6] = {_mm512_setzero_ps()};
+        for (int k = 0; k < nr; k++) {
+          const wg_run16 *u = &ru[k];
+          const float *s = g->xp + c * plane + u->off + r * W;
+          const __m512 v0 = _mm512_maskz_loadu_ps(u->m[0], s), v1 = _mm512_maskz_loadu_ps(u->m[1], s + 16),
+                       v2 = _mm512_maskz_loadu_ps(u->m[2], s + 32), v3 = _mm512_maskz_loadu_ps(u->m[3], s + 48),
+                       v4 = _mm512_maskz_loadu_ps(u->m[4], s + 64), v5 = _mm512_maskz_loadu_ps(u->m[5], s + 65);
+          __m512 w[6];
+          __m512i ix = i4;
+          for (int e = 0; e < 4; e++, ix = _mm512_add_epi32(ix, one)) /* lane l: float 4 l + e */
+            w[e] = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(v0, ix, v1), _mm512_permutex2var_ps(v2, ix, v3));
+          w[4] = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v4), _mm512_castps_si512(w[0]), 1));
+          w[5] = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v5), _mm512_castps_si512(w[1]), 1));
+          for (int e = 0; e < 6; e++) q[e] = _mm512_mask_mov_ps(q[e], u->lanes, w[e]);
+        }
+        WG_BT(q[0], q[1], q[2], q[3], q[4], q[5], h[r]);
+      }
+      const int64_t vo = wg_voff(C, np, c, j);
+      for (int k = 0; k < 6; k++) {
+        __m512 o[6];
+        WG_BT(h[0][k], h[1][k], h[2][k], h[3][k], h[4][k], h[5][k], o);
+        for (int r = 0; r < 6; r++) _mm512_storeu_ps(V + (r * 6 + k) * g->vx + vo, o[r]);
+      }
+    }
+  }
+}
+
+static void wg_out16(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int64_t o1) {
+  const ex_conv_params *p = g->p;
+  const int64_t nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
+  wg_run16 ru[WT];
+  int run0[WT / 16 + 1], nr = 0;
+  for (int64_t j = 0; j < nt; j += 16) {
+    run0[j / 16] = nr;
+    nr += wg_runs16(g, t0, j, nt, 0, ru + nr);
+  }
+  run0[(nt + 15) / 16] = nr;
+  for (int64_t o = o0; o < o1; o++) {
+    const __m512 bv = _mm512_set1_ps(g->bias ? g->bias[o] : 0.0f);
+    for (int64_t j = 0; j < nt; j += 16) {
+      __m512 t[4][6], row[4][4];
+      for (int q = 0; q < 6; q++) {
+        __m512 m[6];
+        for (int r = 0; r < 6; r++) m[r] = _mm512_loadu_ps(M + (6 * r + q) * g->mx + o * S + j);
+        __m512 r4[4];
+        WG_AT(m[0], m[1], m[2], m[3], m[4], m[5], r4);
+        for (int r = 0; r < 4; r++) t[r][q] = r4[r];
+      }
+      for (int r = 0; r < 4; r++) {
+        __m512 c4[4];
+        WG_AT(t[r][0], t[r][1], t[r][2], t[r][3], t[r][4], t[r][5], c4);
+        /* 4 x 16 -> 16 x 4: float 4 l + q of the row's 64 = lane l of c4[q] */
+        const __m512 a0 = _mm512_unpacklo_ps(c4[0], c4[1]), a1 = _mm512_unpackhi_ps(c4[0], c4[1]),
+                     a2 = _mm512_unpacklo_ps(c4[2], c4[3]), a3 = _mm512_unpackhi_ps(c4[2], c4[3]);
+        const __m512 u0 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2))),
+                     u1 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2))),
+                     u2 = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3))),
+                     u3 = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3)));
+        /* u_i: tile 4 k + i in its 128-bit lane k */
+        const __m512 s0 = _mm512_shuffle_f32x4(u0, u1, 0x44), s1 = _mm512_shuffle_f32x4(u0, u1, 0xEE),
+                     s2 = _mm512_shuffle_f32x4(u2, u3, 0x44), s3 = _mm512_shuffle_f32x4(u2, u3, 0xEE);
+        row[r][0] = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s2, 0x88), bv);
+        row[r][1] = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s2, 0xDD), bv);
+        row[r][2] = _mm512_add_ps(_mm512_shuffle_f32x4(s1, s3, 0x88), bv);
+        row[r][3] = _mm512_add_ps(_mm512_shuffle_f32x4(s1, s3, 0xDD), bv);
+      }
+      for (int k = run0[j / 16]; k < run0[j / 16 + 1]; k++) {
+        const wg_run16 u = ru[k];
+        const int64_t off = o * OHW + u.off - 4 * u.l0; /* float 4 l0 of a row at the run's start */
+        for (int r = 0; r < u.rows; r++)
+          for (int v = u.l0 / 4; v < 4 && 16 * v < 4 * u.l0 + u.n; v++) {
+            const int lo = EX_MAX(0, 4 * u.l0 - 16 * v), hi = EX_MIN(16, 4 * u.l0 + u.n - 16 * v);
+            const __mmask16 mk = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+            const int64_t e = off + r * p->ow + 16 * v;
+            __m512 y = row[r][v];
+            if (g->res) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk, g->res + e));
+            if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6) {
+              y = relu512(y, p->act);
+            } else if (p->act != EX_ACT_NONE) {
+              float f[16];
+              _mm512_storeu_ps(f, y);
+              act_row(p->act, f + lo, hi - lo);
+              y = _mm512_loadu_ps(f);
+            }
+            _mm512_mask_storeu_ps(g->y + e, mk, y);
+          }
+      }
+    }
+  }
+}
+#endif
+
 /* input transform of the block's tiles from t0, channels [c0, c1): V[36] packed [C][np] */
 static void wg_in(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c1) {
+#ifdef EX_AVX512
+  if (g->xp) { wg_in16(g, t0, V, c0, c1); return; }
+#endif
   const ex_conv_params *p = g->p;
   const int64_t C = p->c, nt = EX_MIN(g->tb, g->total - t0);
   const int64_t HW = p->h * p->w, np = ROUND_UP(nt, NR), nt8 = ROUND_UP(nt, 8);
@@ -859,6 +1018,10 @@ static int wg_gemms(const wg_ctx *g, int64_t t0, const float *V, float *M, int64
 /* output transform + epilogue, output channels [o0, o1): each channel's 36 rows of M read front
  * to back */
 static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int64_t o1) {
+#ifdef EX_AVX512
+  wg_out16(g, t0, M, o0, o1);
+  return;
+#endif
   const ex_conv_params *p = g->p;
   const int64_t O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
 #ifdef EX_AVX2
@@ -998,7 +1161,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
   const int nt = ex_pool_width();
   const int64_t nb0 = (g.total + WT - 1) / WT;
   const int phased = nt > 1 && nb0 < 2 * nt;
-  g.tb = EX_MIN(WT, ROUND_UP((g.total + nb0 - 1) / nb0, 8));
+  g.tb = EX_MIN(WT, ROUND_UP((g.total + nb0 - 1) / nb0, WG_L));
   g.tbp = g.tb + 8 * (g.tb % 64 == 0); /* avoid 4K-aliased rows */
   /* each point's V and M 16 floats past a multiple of 64: their 36 streams in a transform would
    * otherwise often be a multiple of 4 KB apart, all on the same L1 sets */
