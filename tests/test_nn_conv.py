@@ -387,5 +387,5 @@ def test_winograd_weights_cached_per_weight_tensor():
     """A constant weight tensor used by several evaluations is transformed once and stays right."""
     x, w = rnd(1, 16, 32, 32), ex.asarray(rnd(16, 16, 3, 3))
     want = conv2d_ref(x, w.numpy(), pads=(1, 1, 1, 1))
-    for _ in range(2):
-        close(F.conv2d(x, w, padding=1), want)
+    for _ in range(2):  # Winograd's error: 1e-4 of the output's magnitude (elementwise, near-zero outputs fail)
+        close(F.conv2d(x, w, padding=1), want, rtol=0, atol=1e-4 * np.abs(want).max())
