@@ -104,7 +104,8 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
 
 
 @pytest.mark.parametrize("act", ["none", "relu6", "silu", "gelu"])
-@pytest.mark.parametrize("shape", [(2, 16, 13, 9, 19), (1, 8, 28, 30, 24), (3, 8, 5, 41, 5), (1, 8, 6, 6, 9)])
+@pytest.mark.parametrize("shape", [(2, 16, 13, 9, 19), (1, 8, 28, 30, 24), (3, 8, 5, 41, 5), (1, 8, 6, 6, 9),
+                                   (1, 8, 56, 56, 9)])  # 196 tiles: blocks of 200, or 104 + 92 a thread
 def test_winograd_epilogue_runs(shape, act, isa, threads):
     """F(4x4)'s output rows are written a run of tiles at a time (tiles of one row, split where a
     group of 8 crosses rows or images, clipped at the plane's edge): bias, residual, each activation,
