@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes as dt
 from .._lib import check, ffi, lib, ptr
 from ..errors import DTypeError, ShapeError
+from ..io import hugepage_buffer
 from ..tensor import node
 from .registry import defop
 
@@ -24,6 +25,14 @@ ACTS = {"none": lib.EX_ACT_NONE, "relu": lib.EX_ACT_RELU, "relu6": lib.EX_ACT_RE
 _ALGOS = {"auto": lib.EX_CONV_AUTO, "gemm": lib.EX_CONV_GEMM, "depthwise": lib.EX_CONV_DEPTHWISE,
           "winograd": lib.EX_CONV_WINOGRAD, "winograd2": lib.EX_CONV_WINOGRAD2}
 WINOGRAD_POINTS = {"winograd": 36, "winograd2": 16}  # transform points: F(4x4, 3x3), F(2x2, 3x3)
+
+
+def _weight_buffer(n: int) -> np.ndarray:
+    """n floats for weights packed once and read on every run: 64-byte aligned, and in 2 MB pages
+    when large, since a layer's packed weights stream from memory and the hardware prefetcher
+    stops at every 4 KB page (a 512-channel F(2x2) layer at 7 x 7, 16 MB of weights, 8-10% faster
+    at one thread)."""
+    return hugepage_buffer(4 * n).view(np.float32)
 
 
 def _fp(a):
@@ -247,7 +256,7 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
     p = conv_params(x.shape, out.shape, kernel, stride, pads, dilation, groups, act, algo)
     if prepack and (algo == "gemm" or (algo in WINOGRAD_POINTS and not runtime_wino)):
         # constant weights (or transformed Winograd weights): packed once for the GEMM micro-kernel
-        packed = np.empty(lib.ex_conv_packed_size(p), np.float32)
+        packed = _weight_buffer(lib.ex_conv_packed_size(p))
         check(lib.ex_conv_pack_weights(p, _fp(w), _fp(packed)), "conv2d")
         keep.append(packed)
         p.wpack = _fp(packed)
@@ -324,7 +333,7 @@ def _pwdw_prepare(out, ins, act1, has_b1, prepack, stride, pads, act, has_b2, ha
     p2 = conv_params(mid, out.shape, w2.shape[2:], stride, pads, (1, 1), w2.shape[0], act, "depthwise")
     keep = [p1, p2]
     if prepack:  # constant expansion weights: packed once for the GEMM micro-kernel
-        packed = np.empty(lib.ex_conv_packed_size(p1), np.float32)
+        packed = _weight_buffer(lib.ex_conv_packed_size(p1))
         check(lib.ex_conv_pack_weights(p1, _fp(w1), _fp(packed)), "conv_pwdw")
         keep.append(packed)
         p1.wpack = _fp(packed)
