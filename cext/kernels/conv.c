@@ -809,7 +809,8 @@ static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c
     for (int x = 0; x < 36; x++)
       for (int64_t c = c0; c < c1; c++)
         memset(V + x * g->vx + wg_voff(C, np, c, n16), 0, (size_t)(np - n16) * sizeof(float));
-  const __m512i i4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28), one = _mm512_set1_epi32(1);
+  const __m512i i4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+                one = _mm512_set1_epi32(1);
   for (int64_t j = 0; j < nt; j += 16) {
     wg_run16 ru[16];
     const int nr = wg_runs16(g, t0, j, nt, 1, ru);
@@ -826,7 +827,8 @@ static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c
           __m512 w[6];
           __m512i ix = i4;
           for (int e = 0; e < 4; e++, ix = _mm512_add_epi32(ix, one)) /* lane l: float 4 l + e */
-            w[e] = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(v0, ix, v1), _mm512_permutex2var_ps(v2, ix, v3));
+            w[e] = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(v0, ix, v1),
+                                        _mm512_permutex2var_ps(v2, ix, v3));
           w[4] = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v4), _mm512_castps_si512(w[0]), 1));
           w[5] = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v5), _mm512_castps_si512(w[1]), 1));
           for (int e = 0; e < 6; e++) q[e] = _mm512_mask_mov_ps(q[e], u->lanes, w[e]);
@@ -1159,7 +1161,7 @@ static int conv_winograd(const ex_conv_params *p, const float *x, const float *u
    * With fewer than 96 tiles a thread, blocks run one after another, each shared by the pool in
    * three phases; otherwise each block runs on one thread, a whole number of blocks a thread
    * (ResNet's 64 -> 64 at 56 x 56, 196 tiles, as two blocks of 104 and 92 rather than one shared
-   * in phases: 6% faster at two threads; 49 tiles as two blocks: 5% slower) */
+   * in phases: 3-7% faster at two threads, 12% with AVX2; 49 tiles as two blocks: 5% slower) */
   const int nt = ex_pool_width();
   const int64_t nb0 = (g.total + WT - 1) / WT;
   const int phased = nt > 1 && g.total < 96 * nt;
