@@ -363,13 +363,16 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
   }
   g.ko = ko;
   g.t = t;
-  /* units: B panels x ranges of output rows, about 4 a thread */
+  /* units: B panels x ranges of output rows, about 4 a thread.  Where the rows are split, a
+   * thread claims whole ranges, all the panels of each, so that the rows of xq it reads stay in
+   * its L2 (64 -> 128 from 56 x 56 at two threads: 0.44 -> 0.39 ms, panels and ranges had been
+   * claimed one by one, alternately) */
   const int64_t want = 4 * (int64_t)ex_pool_width();
   const int64_t nr = g.np >= want ? 1 : EX_MIN(p->oh, (want + g.np - 1) / g.np);
   g.rch = (p->oh + nr - 1) / nr;
   for (int64_t b = 0; b < p->n; b++) {
     g.xq = xq + b * C * g.hq * 2 * g.wq;
-    ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), 1, s2_task, &g);
+    ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), nr > 1 ? g.np : 1, s2_task, &g);
     ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
     ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
   }
