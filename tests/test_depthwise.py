@@ -101,10 +101,12 @@ def test_depthwise_residual_and_uneven_padding(k, stride, hw, isa):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=act)
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 130, 129), (1, 2, 224, 224), (2, 3, 57, 200)])
+@pytest.mark.parametrize("shape", [(1, 1, 130, 129), (1, 2, 224, 224), (2, 3, 57, 200), (1, 17, 66, 70),
+                                   (2, 9, 64, 64)])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_depthwise_large_planes_in_strips(shape, stride, isa, threads):
-    """Few channels with large planes: each plane is split into strips of rows over the pool."""
+    """Large planes: few of them are split into strips of rows over the pool, 16 or more go to the
+    threads whole."""
     n, c, h, w = shape
     x, wt, b = rnd(n, c, h, w), rnd(c, 1, 3, 3), rnd(c)
     got = run(x, wt, stride, 1, b, act="relu6")
