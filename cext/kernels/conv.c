@@ -717,9 +717,6 @@ static inline void wg_st(float *p, __m256 v, int lo, int hi) {
                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), i)), v);
 #endif
 }
-/* a run of a block's 8-tile group: tiles [l0, l0 + n / 4) of one tile row, whose output rows are
- * n floats from off (+ the channel's plane), rows of them */
-typedef struct { int16_t l0, n, rows; int64_t off; } wg_run;
 /* 8 rows of 8 floats -> 8 vectors, lane l of vector q = r[l][q] */
 static inline void wg_tr8(const __m256 *r, __m256 *q) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
@@ -760,29 +757,33 @@ static inline int64_t wg_voff(int64_t C, int64_t np, int64_t c, int64_t j) {
   return pc * np + j / NR * kc * NR + (c - pc) * NR + j % NR;
 }
 
-#ifdef EX_AVX512
-/* ---- the AVX-512 transforms: 16 tiles a group, one a lane ----
- * A group's tiles fall in runs, consecutive tiles of one tile row (a group of 16 crosses a row of
- * 14 tiles at 56 x 56): each run is read as whole rows of the padded input (its 4 n + 2 floats, as
- * if the group's first lane began 4 l0 floats before it), the columns 4 l + q split out in
- * registers, and blended into the lanes it owns; on the way out, each run's output rows are
- * written whole, under masks where it starts or ends inside a vector.  The runs are found once a
- * group, for all the channels. */
+#ifdef EX_AVX2
+/* A transform group's tiles (L of them, a lane each) fall in runs, consecutive tiles of one tile
+ * row (a group of 16 crosses a row of 14 tiles at 56 x 56).  On the way in (AVX-512), each run is
+ * read as whole rows of the padded input (its 4 n + 2 floats, as if the group's first lane began
+ * 4 l0 floats before it), the columns 4 l + q split out in registers, and blended into the lanes
+ * it owns; on the way out, each run's output rows are written whole, under masks where it starts
+ * or ends inside a vector.  The runs are found once a group, for all the channels. */
 typedef struct {
   int64_t off;           /* input: lane 0's virtual window (channel 0); output: the run's first float */
-  int l0, n, rows;       /* first lane; output floats a row and rows */
+  int l0, n, rows;       /* first lane; output floats a row, and rows */
+#ifdef EX_AVX512
   __mmask16 lanes, m[6]; /* input: the run's lanes, and the floats of a row loaded, 16 v .. 16 v + 15
                           * for m[v], v < 4, then float 64 (m[4]) and 65 (m[5]) */
-} wg_run16;
+#endif
+} wg_run;
 
-static int wg_runs16(const wg_ctx *g, int64_t t0, int64_t j, int64_t nt, int in, wg_run16 *ru) {
+/* the runs of the group of L tiles from j (of the block's nt tiles from t0), for the input side
+ * (in, AVX-512 only) or the output side; their count */
+static int wg_runs(const wg_ctx *g, int64_t t0, int64_t j, int64_t nt, int L, int in, wg_run *ru) {
   const ex_conv_params *p = g->p;
   int nr = 0;
-  for (int l = 0; l < 16 && j + l < nt;) {
+  for (int l = 0; l < L && j + l < nt;) {
     const int64_t t = t0 + j + l, tt = t % g->T, b = t / g->T, ty = tt / g->tw, tx = tt % g->tw;
-    const int n = (int)EX_MIN(EX_MIN(16 - l, nt - j - l), g->tw - tx);
-    wg_run16 *u = &ru[nr++];
+    const int n = (int)EX_MIN(EX_MIN(L - l, nt - j - l), g->tw - tx);
+    wg_run *u = &ru[nr++];
     u->l0 = l;
+#ifdef EX_AVX512
     if (in) {
       u->off = ((b * p->c) * (4 * g->th + 2) + 4 * ty) * g->xpw + 4 * tx - 4 * l;
       u->lanes = (__mmask16)(((1u << (l + n)) - 1) & ~((1u << l) - 1));
@@ -794,16 +795,33 @@ static int wg_runs16(const wg_ctx *g, int64_t t0, int64_t j, int64_t nt, int in,
         for (int i = 0; i < nl; i++) m |= (uint32_t)(base + i >= f0 && base + i < f1) << i;
         u->m[v] = (__mmask16)m;
       }
-    } else {
-      u->off = b * p->oc * p->oh * p->ow + 4 * ty * p->ow + 4 * tx;
-      u->n = (int)EX_MIN(4 * n, p->ow - 4 * tx);
-      u->rows = (int)EX_MIN(4, p->oh - 4 * ty);
+      l += n;
+      continue;
     }
+#else
+    (void)in;
+#endif
+    u->off = b * p->oc * p->oh * p->ow + 4 * ty * p->ow + 4 * tx;
+    u->n = (int)EX_MIN(4 * n, p->ow - 4 * tx);
+    u->rows = (int)EX_MIN(4, p->oh - 4 * ty);
     l += n;
   }
   return nr;
 }
 
+/* the output runs of a block's groups of L: group k's are ru[run0[k]] .. ru[run0[k + 1] - 1] */
+static void wg_out_runs(const wg_ctx *g, int64_t t0, int64_t nt, int L, wg_run *ru, int *run0) {
+  int nr = 0;
+  for (int64_t j = 0; j < nt; j += L) {
+    run0[j / L] = nr;
+    nr += wg_runs(g, t0, j, nt, L, 0, ru + nr);
+  }
+  run0[(nt + L - 1) / L] = nr;
+}
+#endif
+
+#ifdef EX_AVX512
+/* ---- the AVX-512 transforms: 16 tiles a group, one a lane (the runs above) ---- */
 static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c1) {
   const ex_conv_params *p = g->p;
   const int64_t C = p->c, nt = EX_MIN(g->tb, g->total - t0), np = ROUND_UP(nt, NR), n16 = ROUND_UP(nt, 16);
@@ -815,14 +833,14 @@ static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c
   const __m512i i4 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
                 one = _mm512_set1_epi32(1);
   for (int64_t j = 0; j < nt; j += 16) {
-    wg_run16 ru[16];
-    const int nr = wg_runs16(g, t0, j, nt, 1, ru);
+    wg_run ru[16];
+    const int nr = wg_runs(g, t0, j, nt, 16, 1, ru);
     for (int64_t c = c0; c < c1; c++) {
       __m512 h[6][6]; /* h[r][k]: input row r across the tile, transformed: d B */
       for (int r = 0; r < 6; r++) {
         __m512 q[6] = {_mm512_setzero_ps()};
         for (int k = 0; k < nr; k++) {
-          const wg_run16 *u = &ru[k];
+          const wg_run *u = &ru[k];
           const float *s = g->xp + c * plane + u->off + r * W;
           const __m512 v0 = _mm512_maskz_loadu_ps(u->m[0], s), v1 = _mm512_maskz_loadu_ps(u->m[1], s + 16),
                        v2 = _mm512_maskz_loadu_ps(u->m[2], s + 32), v3 = _mm512_maskz_loadu_ps(u->m[3], s + 48),
@@ -851,13 +869,9 @@ static void wg_in16(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c
 static void wg_out16(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int64_t o1) {
   const ex_conv_params *p = g->p;
   const int64_t nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
-  wg_run16 ru[WT];
-  int run0[WT / 16 + 1], nr = 0;
-  for (int64_t j = 0; j < nt; j += 16) {
-    run0[j / 16] = nr;
-    nr += wg_runs16(g, t0, j, nt, 0, ru + nr);
-  }
-  run0[(nt + 15) / 16] = nr;
+  wg_run ru[WT];
+  int run0[WT / 16 + 1];
+  wg_out_runs(g, t0, nt, 16, ru, run0);
   for (int64_t o = o0; o < o1; o++) {
     const __m512 bv = _mm512_set1_ps(g->bias ? g->bias[o] : 0.0f);
     for (int64_t j = 0; j < nt; j += 16) {
@@ -888,7 +902,7 @@ static void wg_out16(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, in
         row[r][3] = _mm512_add_ps(_mm512_shuffle_f32x4(s1, s3, 0xDD), bv);
       }
       for (int k = run0[j / 16]; k < run0[j / 16 + 1]; k++) {
-        const wg_run16 u = ru[k];
+        const wg_run u = ru[k];
         const int64_t off = o * OHW + u.off - 4 * u.l0; /* float 4 l0 of a row at the run's start */
         for (int r = 0; r < u.rows; r++)
           for (int v = u.l0 / 4; v < 4 && 16 * v < 4 * u.l0 + u.n; v++) {
@@ -1030,20 +1044,9 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
   const ex_conv_params *p = g->p;
   const int64_t O = p->oc, nt = EX_MIN(g->tb, g->total - t0), S = g->tbp, OHW = p->oh * p->ow;
 #ifdef EX_AVX2
-  /* each group's runs, found once for all the channels */
   wg_run runs[WT];
-  int run0[WT / 8 + 1], nr = 0;
-  for (int64_t j = 0; j < nt; j += 8) {
-    run0[j / 8] = nr;
-    for (int64_t l = 0; l < 8 && j + l < nt;) {
-      const int64_t t = t0 + j + l, tt = t % g->T, oy = tt / g->tw * 4, ox = tt % g->tw * 4;
-      const int64_t n = EX_MIN(EX_MIN(8 - l, nt - j - l), g->tw - tt % g->tw);
-      runs[nr++] = (wg_run){(int16_t)l, (int16_t)EX_MIN(4 * n, p->ow - ox), (int16_t)EX_MIN(4, p->oh - oy),
-                            t / g->T * O * OHW + oy * p->ow + ox};
-      l += n;
-    }
-  }
-  run0[(nt + 7) / 8] = nr;
+  int run0[WT / 8 + 1];
+  wg_out_runs(g, t0, nt, 8, runs, run0);
 #endif
   for (int64_t o = o0; o < o1; o++) {
     for (int64_t j = 0; j < nt; j += 8) {
