@@ -21,6 +21,33 @@ def _declarations():
     return re.sub(r"//[^\n]*", "", text)
 
 
+def _calls(decls):
+    """ex_run_calls' table, written from the declarations: for every `int ex_NAME(params)`, a
+    struct ex_args_NAME of its parameters, a number EX_CALL_NAME, and a trampoline that unpacks
+    the struct.  Returns (declarations for cffi, C source)."""
+    fns = [(name, [" ".join(a.split()) for a in params.split(",")])
+           for name, params in re.findall(r"\bint\s+ex_(\w+)\s*\(([^)]*)\)\s*;", decls)
+           if params.strip() != "void" and name not in ("set_isa", "run_calls")]
+    structs = "".join(f"typedef struct {{ {' '.join(a + ';' for a in params)} }} ex_args_{name};\n"
+                      for name, params in fns)
+    kinds = "enum ex_call_kind { " + ", ".join(f"EX_CALL_{name.upper()}" for name, _ in fns) + ", EX_CALL_COUNT };\n"
+    field = lambda a: re.search(r"(\w+)$", a).group(1)  # noqa: E731
+    source = structs + kinds + "".join(
+        f"static int call_{name}(const void *p) {{ const ex_args_{name} *a = p; "
+        f"return ex_{name}({', '.join('a->' + field(a) for a in params)}); }}\n" for name, params in fns)
+    source += ("static int (*const CALLS[EX_CALL_COUNT])(const void *) = {"
+               + ", ".join(f"call_{name}" for name, _ in fns) + "};\n"
+               "int ex_run_calls(const ex_call *calls, int64_t n, int64_t *failed) {\n"
+               "  for (int64_t i = 0; i < n; i++) {\n"
+               "    const ex_call *c = &calls[i];\n"
+               "    const int rc = c->kind >= 0 && c->kind < EX_CALL_COUNT && c->args ? CALLS[c->kind](c->args) : EX_EINVAL;\n"
+               "    if (rc) { *failed = i; return rc; }\n"
+               "  }\n"
+               "  return EX_OK;\n"
+               "}\n")
+    return structs + kinds, source
+
+
 KERNELS = ["half.h", "elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c", "common.h",
            "depthwise.c", "conv.c", "pool.c", "normalize.c", "attention.c"]
 
@@ -28,11 +55,13 @@ KERNELS = ["half.h", "elementwise.c", "layout.c", "reduce.c", "gemm.c", "norm.c"
 def make_builder(base):
     """base: the cext folder as the compiler will see it from its working directory."""
     ffi = FFI()
-    ffi.cdef(_declarations())
+    decls = _declarations()
+    call_decls, call_source = _calls(decls)
+    ffi.cdef(decls + call_decls)
     p = lambda *parts: os.path.join(base, *parts)  # noqa: E731
     ffi.set_source(
         "express._cext",
-        '#include <stddef.h>\n#include <stdint.h>\n#include "express.h"\n',
+        '#include <stddef.h>\n#include <stdint.h>\n#include "express.h"\n' + call_source,
         sources=[p("runtime.c"), p("variant_generic.c"), p("variant_avx2.c"), p("variant_avx512.c"), p("kernels", "gather.c"), p("kernels", "qgemm.c"),
                  p("kernels", "ggml_quant.c")],
         depends=[p("express.h"), p("internal.h"), p("variant_body.h"), p("kernels", "ggml_quant_simd.inc")] + [p("kernels", k) for k in KERNELS],

@@ -276,3 +276,14 @@ int ex_ggml_gemm_multi(int32_t type, int64_t m, int64_t k, const float *x, int32
  * Read on the pool as several prefetched streams a thread (cext/kernels/qgemm.c) with little
  * work per byte: bytes / time is the read bandwidth that bounds a decode step (benchmarks/llm.py). */
 double ex_read_sum(const float *p, int64_t n);
+
+/* ---- a plan's kernel calls, run back to back without returning to Python ----
+ * Every `int ex_NAME(...)` above also has an argument struct ex_args_NAME (its parameters as
+ * fields, in order) and a number EX_CALL_NAME; cext/build.py writes both from this file.
+ * ex_run_calls runs calls[0 .. n) in order, each as ex_NAME(args...); it stops at the first that
+ * fails, stores its index in *failed and returns its code (an unknown kind: EX_EINVAL). */
+typedef struct {
+  int32_t kind;        /* EX_CALL_NAME */
+  const void *args;    /* an ex_args_NAME */
+} ex_call;
+int ex_run_calls(const ex_call *calls, int64_t n, int64_t *failed);

@@ -23,6 +23,24 @@ def check(rc: int, what: str) -> None:
         raise KernelError(f"{what}: {_ERRORS.get(rc, f'error {rc}')}")
 
 
+class KernelCall:
+    """A plan step that is one C kernel call, `lib.ex_NAME(*args)`, its arguments fixed when the
+    plan is built.  It runs alone when called, or with its neighbours in one `ex_run_calls`
+    (express/plan.py), which saves a trip through Python per kernel.  `fail(rc)` raises for a
+    nonzero return (default: `check`); `keep` holds what the pointers in `args` point into."""
+
+    def __init__(self, name: str, args: tuple, what: str, fail=None, keep=None):
+        self.fn, self.args, self.what, self.keep = getattr(lib, "ex_" + name), args, what, keep
+        self.kind = getattr(lib, "EX_CALL_" + name.upper())
+        self.packed = ffi.new(f"ex_args_{name} *", list(args))
+        self.fail = fail or (lambda rc: check(rc, what))
+
+    def __call__(self):
+        rc = self.fn(*self.args)
+        if rc:
+            self.fail(rc)
+
+
 def set_num_threads(n: int) -> None:
     """Use `n` threads in the kernels (the default is the number of CPUs)."""
     n = int(n)

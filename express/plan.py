@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import graph
-from ._lib import check, ffi, lib, ptr
+from ._lib import KernelCall, ffi, lib, ptr
 from .errors import ExpressError
 from .fusion import fuse_kernels
 from .ops.elementwise import COPY, _cast_emit
@@ -106,8 +107,8 @@ def _program_call(code, kinds, ins, out, what):
                        [(ptr(a), d.code, r, s) for (a, d, r), s in zip(ins, cstrides)],
                        [(ptr(out_arr), out_dtype.code, out_reg, cstrides[-1])], cshape)
 
-    def run(prog=prog, keep=keep):
-        check(lib.ex_elementwise(prog), what)
+    run = KernelCall("elementwise", (prog,), what)
+    run.keep = keep
     return run
 
 
@@ -298,11 +299,30 @@ class Plan:
         chain = [f.prefetch for f in self.thunks if hasattr(f, "prefetch")]
         for (_, then), (reads, _) in zip(chain, chain[1:] + chain[:1]):
             ffi.memmove(then, reads, ffi.sizeof("ex_prefetch"))
+        # consecutive kernel calls run as one ex_run_calls: Python is left out between kernels
+        self.steps = []
+        for is_call, fs in itertools.groupby(self.thunks, lambda f: isinstance(f, (KernelCall, Calls))):
+            calls = [c for f in fs for c in (f.calls if isinstance(f, Calls) else [f])]
+            self.steps += [Calls(calls)] if is_call and len(calls) > 1 else calls
 
     def run(self):
-        for f in self.thunks:
+        for f in self.steps:
             f()
         return self.outputs
+
+
+class Calls:
+    """Kernel calls (`KernelCall`s) run back to back by one ex_run_calls."""
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.table = ffi.new("ex_call[]", [(c.kind, c.packed) for c in calls])
+        self.failed = ffi.new("int64_t *")
+
+    def __call__(self):
+        rc = lib.ex_run_calls(self.table, len(self.calls), self.failed)
+        if rc:
+            self.calls[self.failed[0]].fail(rc)
 
 
 def _offset(lay, x, b):

@@ -245,6 +245,36 @@ def test_slice_update_in_place_and_compiled():
         ex.slice_update(ex.zeros((3,)) + 1, ex.ones((1,)), 0)
 
 
+def test_kernels_run_back_to_back_in_c():
+    """A plan's consecutive kernels run as one ex_run_calls; a kernel that fails inside the run
+    raises its own op's error, and the compiled step still works afterwards."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((48, 48)).astype(np.float32)
+    from express.nn.functional import softmax
+    step = ex.compile(lambda x, i: ex.sum(ex.take(softmax(x @ x, axis=-1), i + 1, axis=0), axis=1))
+    i = np.array([0, 5, 2])
+    e = np.exp((a @ a) - (a @ a).max(-1, keepdims=True))
+    np.testing.assert_allclose(step(a, i).numpy(), (e / e.sum(-1, keepdims=True))[i + 1].sum(1), rtol=1e-5)
+    (c,) = step.cache.values()
+    assert [type(s).__name__ for s in c.plan.steps] == ["Calls"] and len(c.plan.steps[0].calls) == len(c.plan.thunks)
+    with pytest.raises(ex.OutOfRangeError, match="take: index 48 is out of range"):
+        step(a, np.array([0, 47]))
+    np.testing.assert_allclose(step(a, i).numpy(), (e / e.sum(-1, keepdims=True))[i + 1].sum(1), rtol=1e-5)
+
+
+def test_call_table_matches_the_kernels():
+    """ex_run_calls' argument structs (written by cext/build.py from express.h) have each
+    kernel's parameter types in order, and the kinds number them all."""
+    from express._lib import ffi, lib
+    kinds = {n[8:].lower(): getattr(lib, n) for n in dir(lib) if n.startswith("EX_CALL_") and n != "EX_CALL_COUNT"}
+    assert sorted(kinds.values()) == list(range(lib.EX_CALL_COUNT)) and {"conv2d", "qgemm_multi"} <= set(kinds)
+    for name in kinds:
+        assert [f.type for _, f in ffi.typeof(f"ex_args_{name}").fields] == list(ffi.typeof(getattr(lib, "ex_" + name)).args)
+    failed = ffi.new("int64_t *")
+    calls = ffi.new("ex_call[]", [(lib.EX_CALL_COUNT, ffi.NULL)])
+    assert lib.ex_run_calls(calls, 1, failed) == lib.EX_EINVAL and failed[0] == 0
+
+
 def test_compile_edge_cases():
     np.testing.assert_array_equal(ex.compile(lambda x, y: x * 2)(ex.ones((3,)), ex.ones((2,))).numpy(), [2, 2, 2])
     np.testing.assert_array_equal(ex.compile(lambda x: x)(np.arange(3, dtype=np.float32)).numpy(), [0, 1, 2])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
-from .._lib import check, ffi, lib, ptr
+from .._lib import KernelCall, ffi, ptr
 from ..errors import DTypeError, ShapeError
 from ..tensor import as_tensor, node
 from .elementwise import astype, broadcast_shapes
@@ -48,7 +48,7 @@ def _matmul_prepare(out, ins):
             ffi.new("int64_t[]", _batch_strides(b, batch) or [0]))
     args = (code, ffi.cast("void *", ptr(a)), sa[-2], sa[-1], ffi.cast("void *", ptr(b)), sb[-2], sb[-1],
             ffi.cast("void *", ptr(out)), m, n, k, len(batch), *keep)
-    return lambda: check(lib.ex_matmul(*args), "matmul")
+    return KernelCall("matmul", args, "matmul")
 
 
 _MATMUL = defop("matmul", "kernel", _matmul_infer, lambda a, b: np.matmul(a, b), prepare=_matmul_prepare)

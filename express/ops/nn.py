@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import dtypes as dt
-from .._lib import check, ffi, lib, ptr
+from .._lib import KernelCall, check, ffi, lib, ptr
 from ..errors import DTypeError, ShapeError
 from ..io import hugepage_buffer
 from ..tensor import node
@@ -117,7 +117,7 @@ def _linear_prepare(out, ins, act, has_bias, has_res):
     m = out.size // n if n else 0
     args = (_fp(x), ffi.cast("void *", ptr(w)), dt.from_numpy(w.dtype).code, _fp_opt(b), _fp_opt(r), _fp(out),
             m, n, k, ACTS[act])
-    return lambda: check(lib.ex_linear(*args), "linear")
+    return KernelCall("linear", args, "linear")
 
 
 LINEAR = defop("linear", "kernel", _linear_infer, _linear_ref, prepare=_keeps(_linear_prepare),
@@ -271,7 +271,7 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
                 check(lib.ex_winograd_weights(*wargs), "conv2d")
             check(lib.ex_conv2d(*args), "conv2d")
         return run
-    return lambda keep=keep: check(lib.ex_conv2d(*args), "conv2d")
+    return KernelCall("conv2d", args, "conv2d", keep=keep)
 
 
 def _conv_overwrites(ins, stride, pads, groups, has_bias, has_res, wlayout="oihw", **_):
@@ -338,7 +338,7 @@ def _pwdw_prepare(out, ins, act1, has_b1, prepack, stride, pads, act, has_b2, ha
         keep.append(packed)
         p1.wpack = _fp(packed)
     args = (p1, _fp(w1), _fp_opt(b1), p2, _fp(w2), _fp_opt(b2), _fp(x), _fp_opt(r), _fp(out))
-    return lambda keep=keep: check(lib.ex_conv_pwdw(*args), "conv_pwdw")
+    return KernelCall("conv_pwdw", args, "conv_pwdw", keep=keep)
 
 
 CONV_PWDW = defop("conv_pwdw", "kernel", _pwdw_infer, _pwdw_ref, prepare=_keeps(_pwdw_prepare),
@@ -404,7 +404,7 @@ def _convt_prepare(out, ins, stride, padding, output_padding, dilation, groups, 
     b = ins[2] if has_bias else None
     p = conv_params(x.shape, out.shape, w.shape[2:], stride, (padding[0], padding[1]), dilation, groups, act, "auto")
     args = (p, _fp(x), _fp(w), _fp_opt(b), _fp(out))
-    return lambda: check(lib.ex_conv_transpose2d(*args), "conv_transpose2d")
+    return KernelCall("conv_transpose2d", args, "conv_transpose2d")
 
 
 CONV_T2D = defop("conv_transpose2d", "kernel", _convt_infer, _convt_ref, prepare=_keeps(_convt_prepare),
@@ -461,7 +461,7 @@ def _pool_prepare(out, ins, kind, kernel, stride, padding, dilation, ceil_mode, 
     code = lib.EX_POOL_MAX if kind == "max" else lib.EX_POOL_AVG if count_include_pad else lib.EX_POOL_AVG_EXCL
     n, c, h, w = x.shape
     args = (code, _fp(x), _fp(out), n * c, h, w, out.shape[2], out.shape[3], *kernel, *stride, *padding, *dilation)
-    return lambda: check(lib.ex_pool2d(*args), f"{kind}_pool2d")
+    return KernelCall("pool2d", args, f"{kind}_pool2d")
 
 
 POOL2D = defop("pool2d", "kernel", _pool_infer, _pool_ref, prepare=_keeps(_pool_prepare), contiguous=(0,))
@@ -490,7 +490,7 @@ def _apool_prepare(out, ins, kind, output_size):
     x = ins[0]
     n, c, h, w = x.shape
     args = (lib.EX_POOL_MAX if kind == "max" else lib.EX_POOL_AVG, _fp(x), _fp(out), n * c, h, w, *output_size)
-    return lambda: check(lib.ex_adaptive_pool2d(*args), f"adaptive_{kind}_pool2d")
+    return KernelCall("adaptive_pool2d", args, f"adaptive_{kind}_pool2d")
 
 
 ADAPTIVE_POOL2D = defop("adaptive_pool2d", "kernel", _apool_infer, _apool_ref, prepare=_keeps(_apool_prepare),
@@ -532,7 +532,7 @@ def _resize_prepare(out, ins, mode, size, scales, align_corners):
     n, c, h, w = x.shape
     args = (lib.EX_RESIZE_NEAREST if mode == "nearest" else lib.EX_RESIZE_BILINEAR, int(bool(align_corners)),
             _fp(x), _fp(out), n * c, h, w, size[0], size[1], float(scales[0]), float(scales[1]))
-    return lambda: check(lib.ex_resize2d(*args), "interpolate")
+    return KernelCall("resize2d", args, "interpolate")
 
 
 RESIZE2D = defop("interpolate", "kernel", _resize_infer, _resize_ref, prepare=_keeps(_resize_prepare),
@@ -577,7 +577,7 @@ def _pad_prepare(out, ins, pads, mode, value):
     outer = int(np.prod(shape[:-3], dtype=np.int64))
     args = (x.itemsize, _PAD_MODES[mode], ffi.cast("void *", ptr(x)), ffi.cast("void *", ptr(out)), outer, *keep,
             ffi.cast("void *", ptr(v)))
-    return lambda v=v: check(lib.ex_pad(*args), "pad")
+    return KernelCall("pad", args, "pad", keep=v)
 
 
 PAD = defop("pad", "kernel", _pad_infer, _pad_ref, prepare=_keeps(_pad_prepare), contiguous=(0,))
@@ -620,9 +620,9 @@ def _ln_prepare(out, ins, n, eps, has_w, has_b, rms):
     rows = x.size // n if n else 0
     if rms:
         args = (_fp(x), _fp_opt(w), _fp(out), rows, n, eps)
-        return lambda: check(lib.ex_rms_norm(*args), "rms_norm")
+        return KernelCall("rms_norm", args, "rms_norm")
     args = (_fp(x), _fp_opt(w), _fp_opt(b), _fp(out), rows, n, eps)
-    return lambda: check(lib.ex_layer_norm(*args), "layer_norm")
+    return KernelCall("layer_norm", args, "layer_norm")
 
 
 LAYER_NORM = defop("layer_norm", "kernel", _ln_infer, _ln_ref, prepare=_keeps(_ln_prepare),
@@ -658,7 +658,7 @@ def _gn_prepare(out, ins, groups, eps, has_w, has_b, act):
     x, w, b = _norm_parts(ins, has_w, has_b)
     inner = int(np.prod(x.shape[2:], dtype=np.int64))
     args = (_fp(x), _fp_opt(w), _fp_opt(b), _fp(out), x.shape[0], x.shape[1], inner, groups, eps, ACTS[act])
-    return lambda: check(lib.ex_group_norm(*args), "group_norm")
+    return KernelCall("group_norm", args, "group_norm")
 
 
 GROUP_NORM = defop("group_norm", "kernel", _gn_infer, _gn_ref, prepare=_keeps(_gn_prepare),
@@ -698,7 +698,7 @@ def _bn_prepare(out, ins, eps, has_w, has_b, act):
     inner = int(np.prod(x.shape[2:], dtype=np.int64))
     args = (_fp(x), _fp(mean), _fp(var), _fp_opt(w), _fp_opt(b), _fp(out), x.shape[0], x.shape[1], inner, eps,
             ACTS[act])
-    return lambda: check(lib.ex_batch_norm(*args), "batch_norm")
+    return KernelCall("batch_norm", args, "batch_norm")
 
 
 BATCH_NORM = defop("batch_norm", "kernel", _bn_infer, _bn_ref, prepare=_keeps(_bn_prepare),
@@ -757,10 +757,14 @@ def _attn_prepare(out, ins, scale, causal, has_mask):
     args = (_fp(q), strides[0], _fp(k), strides[1], _fp(v), strides[2], m, ms, _fp(out), b, hq, k.shape[1], lq,
             k.shape[2], q.shape[3], dv, float(scale), int(bool(causal)))
 
+    call = KernelCall("attention", args, "scaled_dot_product_attention")
+    if not copies:
+        return call
+
     def run():
         for src, dst in copies:
             np.copyto(dst, src)
-        check(lib.ex_attention(*args), "scaled_dot_product_attention")
+        call()
     return run
 
 

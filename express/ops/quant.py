@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
-from .._lib import check, ffi, lib, ptr
+from .._lib import KernelCall, check, ffi, lib, ptr
 from ..errors import DTypeError, OutOfRangeError, ShapeError
 from ..tensor import as_tensor, node
 from .elementwise import astype
@@ -155,8 +155,7 @@ def _qlinear_prepare(out, ins, bits, group_size, ns, biased, has_res=False):
     then = ffi.new("ex_prefetch *") if m == 1 else ffi.NULL
     args = (bits, m, k, group_size, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)), then)
 
-    def run():
-        check(lib.ex_qgemm_multi(*args), "qlinear")
+    run = KernelCall("qgemm_multi", args, "qlinear")
     if m == 1:
         reads = ffi.new("ex_prefetch *")
         lib.ex_qgemm_prefetch_plan(bits, k, group_size, count, keep[0], keep[1], keep[2], reads)
@@ -262,7 +261,7 @@ def _ggml_prepare(out, ins, kind, k, count, biased):
             ffi.new("float *[]", [ffi.cast("float *", ptr(next(biases))) if b else ffi.NULL for b in biased])
             if any(biased) else ffi.NULL)
     args = (GGML_TYPES[kind], x.shape[0], k, ffi.cast("float *", ptr(x)), count) + keep + (ffi.cast("float *", ptr(out)),)
-    return lambda: check(lib.ex_ggml_gemm_multi(*args), "ggml_linear")
+    return KernelCall("ggml_gemm_multi", args, "ggml_linear")
 
 
 _GGML_LINEAR = defop("ggml_linear", "kernel", _ggml_infer, _ggml_ref, prepare=_ggml_prepare,

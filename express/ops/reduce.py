@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
-from .._lib import check, ffi, lib, ptr
+from .._lib import KernelCall, ffi, lib, ptr
 from ..errors import DTypeError, ShapeError
 from ..tensor import as_tensor, node
 from .registry import defop
@@ -35,7 +35,7 @@ def _reduce_prepare(code):
         x = ins[0]
         args = (code, dt.from_numpy(x.dtype).code, ffi.cast("void *", ptr(x)), dt.from_numpy(out.dtype).code,
                 ffi.cast("void *", ptr(out)), *_split3(x.shape, *span))
-        return lambda: check(lib.ex_reduce(*args), "reduce")
+        return KernelCall("reduce", args, "reduce")
     return prepare
 
 
@@ -142,7 +142,7 @@ def _cumsum_prepare(out, ins, axis):
     x = ins[0]
     args = (dt.from_numpy(x.dtype).code, ffi.cast("void *", ptr(x)), dt.from_numpy(out.dtype).code,
             ffi.cast("void *", ptr(out)), *_split3(x.shape, axis, axis + 1))
-    return lambda: check(lib.ex_cumsum(*args), "cumsum")
+    return KernelCall("cumsum", args, "cumsum")
 
 
 _CUMSUM = defop("cumsum", "kernel", lambda x, axis: (x.shape, _wide_int(x.dtype)),
@@ -168,7 +168,7 @@ def _softmax_ref(a, axis, log):
 def _softmax_prepare(out, ins, axis, log):
     x = ins[0]
     args = (ffi.cast("float *", ptr(x)), ffi.cast("float *", ptr(out)), *_split3(x.shape, axis, axis + 1), int(log))
-    return lambda: check(lib.ex_softmax(*args), "softmax")
+    return KernelCall("softmax", args, "softmax")
 
 
 def _softmax_infer(x, axis, log):

@@ -10,7 +10,7 @@ import operator
 import numpy as np
 
 from .. import dtypes as dt
-from .._lib import check, ffi, lib, ptr
+from .._lib import KernelCall, ffi, ptr
 from ..errors import AxisError, DTypeError, ExpressError, OutOfRangeError, ShapeError
 from ..tensor import Tensor, as_tensor, constant, node
 from .registry import defop
@@ -276,12 +276,11 @@ def _take_prepare(out, ins, axis):
             ffi.cast("int64_t *", ptr(idx)), idx.size, ffi.cast("void *", ptr(out)))
     shape, n = x.shape, x.shape[axis]
 
-    def run():
-        if lib.ex_take(*args) != 0:
-            bad = idx[(idx < -n) | (idx >= n)].ravel()
-            raise OutOfRangeError(f"take: index {bad[0] if bad.size else '?'} is out of range for axis "
-                                  f"{axis} of size {n} (shape {shape})")
-    return run
+    def fail(rc):
+        bad = idx[(idx < -n) | (idx >= n)].ravel()
+        raise OutOfRangeError(f"take: index {bad[0] if bad.size else '?'} is out of range for axis "
+                              f"{axis} of size {n} (shape {shape})")
+    return KernelCall("take", args, "take", fail)
 
 
 _TAKE = defop("take", "kernel", _take_infer, lambda a, i, axis: np.take(a, i, axis=axis),
@@ -316,18 +315,14 @@ def _concat_infer(*xs, axis):
 
 
 def _concat_prepare(out, ins, axis):
-    from ..plan import copy_thunk
+    from ..plan import Calls, copy_thunk
     thunks, start = [], 0
     for a in ins:
         stop = start + a.shape[axis]
         if a.size:
             thunks.append(copy_thunk(a, out[(slice(None),) * axis + (slice(start, stop),)]))
         start = stop
-
-    def run():
-        for t in thunks:
-            t()
-    return run
+    return Calls(thunks)
 
 
 _CONCAT = defop("concat", "kernel", _concat_infer, lambda *a, axis: np.concatenate(a, axis=axis),
@@ -431,11 +426,10 @@ def _slice_update_prepare(out, ins, axis):
             ffi.cast("void *", ptr(update)), update.shape[axis], ffi.cast("int64_t *", ptr(start)))
     n, m = target.shape[axis], update.shape[axis]
 
-    def run():
-        if lib.ex_slice_update(*args) != 0:
-            raise OutOfRangeError(f"slice_update: start {int(start)} + length {m} is outside axis {axis} "
-                                  f"of size {n} (target {target.shape})")
-    return run
+    def fail(rc):
+        raise OutOfRangeError(f"slice_update: start {int(start)} + length {m} is outside axis {axis} "
+                              f"of size {n} (target {target.shape})")
+    return KernelCall("slice_update", args, "slice_update", fail)
 
 
 def _slice_update_ref(target, update, start, axis):
