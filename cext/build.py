@@ -27,7 +27,7 @@ def _calls(decls):
     the struct.  Returns (declarations for cffi, C source)."""
     fns = [(name, [" ".join(a.split()) for a in params.split(",")])
            for name, params in re.findall(r"\bint\s+ex_(\w+)\s*\(([^)]*)\)\s*;", decls)
-           if params.strip() != "void" and name not in ("set_isa", "run_calls")]
+           if params.strip() != "void" and name not in ("set_isa", "run_calls")]  # kernels only
     structs = "".join(f"typedef struct {{ {' '.join(a + ';' for a in params)} }} ex_args_{name};\n"
                       for name, params in fns)
     kinds = "enum ex_call_kind { " + ", ".join(f"EX_CALL_{name.upper()}" for name, _ in fns) + ", EX_CALL_COUNT };\n"

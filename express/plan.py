@@ -107,9 +107,7 @@ def _program_call(code, kinds, ins, out, what):
                        [(ptr(a), d.code, r, s) for (a, d, r), s in zip(ins, cstrides)],
                        [(ptr(out_arr), out_dtype.code, out_reg, cstrides[-1])], cshape)
 
-    run = KernelCall("elementwise", (prog,), what)
-    run.keep = keep
-    return run
+    return KernelCall("elementwise", (prog,), what, keep=keep)
 
 
 def copy_thunk(src: np.ndarray, dst: np.ndarray):
