@@ -4,7 +4,9 @@ An OpDef has a `kind` that tells the planner how it runs:
   - "elementwise": `emit` writes its instructions into a register program (cext ex_elementwise);
     elementwise chains fuse into one program.
   - "view": `view(array, **attrs)` re-describes a buffer (NumPy strides), no data moves.
-  - "kernel": `prepare(out, ins, **attrs)` returns a zero-argument callable that runs the C kernel.
+  - "kernel": `prepare(out, ins, **attrs)` returns a zero-argument callable that runs the C kernel,
+    usually a `KernelCall` (express/_lib.py), which the plan runs back to back with its neighbours
+    in C.
 and always `infer(*inputs, **attrs) -> (shape, dtype)`, run when the node is built (so errors name
 the op and the shapes right away), plus `ref(*arrays, **attrs)`, the NumPy reference the tests use.
 """
