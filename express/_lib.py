@@ -33,7 +33,11 @@ class KernelCall:
         self.fn, self.args, self.what, self.keep = getattr(lib, "ex_" + name), args, what, keep
         self.kind = getattr(lib, "EX_CALL_" + name.upper())
         self.packed = ffi.new(f"ex_args_{name} *", list(args))
-        self.fail = fail or (lambda rc: check(rc, what))
+        if fail is not None:
+            self.fail = fail
+
+    def fail(self, rc: int) -> None:
+        check(rc, self.what)
 
     def __call__(self):
         rc = self.fn(*self.args)

@@ -261,17 +261,18 @@ def _conv_prepare(out, ins, stride, pads, dilation, groups, act, has_bias, has_r
         keep.append(packed)
         p.wpack = _fp(packed)
     args = (p, _fp(x), _fp(keep[1] if runtime_wino else w), _fp_opt(b), _fp_opt(r), _fp(out))
-    if runtime_wino:
-        wargs = (_fp(w), _fp(keep[1]), w.shape[0], w.shape[1])
+    call = KernelCall("conv2d", args, "conv2d", keep=keep)
+    if not runtime_wino:
+        return call
+    wargs = (_fp(w), _fp(keep[1]), w.shape[0], w.shape[1])
 
-        def run(keep=keep):
-            if algo == "winograd2":
-                np.copyto(keep[1], winograd_weights(keep[0], algo))
-            else:
-                check(lib.ex_winograd_weights(*wargs), "conv2d")
-            check(lib.ex_conv2d(*args), "conv2d")
-        return run
-    return KernelCall("conv2d", args, "conv2d", keep=keep)
+    def run():
+        if algo == "winograd2":
+            np.copyto(keep[1], winograd_weights(keep[0], algo))
+        else:
+            check(lib.ex_winograd_weights(*wargs), "conv2d")
+        call()
+    return run
 
 
 def _conv_overwrites(ins, stride, pads, groups, has_bias, has_res, wlayout="oihw", **_):
