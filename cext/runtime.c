@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include "internal.h"
@@ -195,12 +196,42 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
                         lq, lk, d, dv, scale, causal);
 }
 
+/* ---- aligned memory ----
+ * Blocks of 1 MB or more are mapped afresh, 2 MB-aligned and rounded up to 2 MB, and Linux is
+ * asked to back them with transparent huge pages before they are first touched (heap memory
+ * touched before would keep its 4 KB pages).  A plan's arena and the kernels' scratch are read by
+ * every layer: on 4 KB pages, ResNet-18 ran 5-10% slower at one thread, most of all after an
+ * idle pause, when the page walks miss the cache. */
+#define HUGE_PAGE ((size_t)2 << 20)
+#define MAPPED(nbytes) ((nbytes) >= HUGE_PAGE / 2)
+
+void *ex_aligned_alloc(size_t nbytes) {
+  if (nbytes > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
+  if (!MAPPED(nbytes)) return aligned_alloc(64, ((nbytes ? nbytes : 1) + 63) / 64 * 64);
+  const size_t n = (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  char *m = mmap(NULL, n + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return NULL;
+  char *p = (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  if (p > m) munmap(m, (size_t)(p - m));             /* trim to the aligned n bytes */
+  if (p < m + HUGE_PAGE) munmap(p + n, (size_t)(m + HUGE_PAGE - p));
+#ifdef MADV_HUGEPAGE
+  madvise(p, n, MADV_HUGEPAGE); /* advice only: 4 KB pages if refused */
+#endif
+  return p;
+}
+
+void ex_aligned_free(void *p, size_t nbytes) {
+  if (!p) return;
+  if (MAPPED(nbytes)) munmap(p, (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+  else free(p);
+}
+
 /* ---- counted aligned memory: a 64-byte header in front of each block holds its size ---- */
 static _Atomic int64_t g_mem_cur, g_mem_peak;
 
 void *ex_alloc(size_t nbytes) {
-  if (nbytes > SIZE_MAX - 128) return NULL;
-  char *raw = aligned_alloc(64, (nbytes + 64 + 63) / 64 * 64);
+  if (nbytes > SIZE_MAX - 2 * HUGE_PAGE - 64) return NULL;
+  char *raw = ex_aligned_alloc(nbytes + 64);
   if (!raw) return NULL;
   memcpy(raw, &nbytes, sizeof nbytes);
   const int64_t cur = atomic_fetch_add(&g_mem_cur, (int64_t)nbytes) + (int64_t)nbytes;
@@ -215,7 +246,7 @@ void ex_free(void *p) {
   size_t nbytes;
   memcpy(&nbytes, raw, sizeof nbytes);
   atomic_fetch_sub(&g_mem_cur, (int64_t)nbytes);
-  free(raw);
+  ex_aligned_free(raw, nbytes + 64);
 }
 
 int64_t ex_mem_current(void) { return atomic_load(&g_mem_cur); }

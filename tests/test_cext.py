@@ -633,6 +633,15 @@ def test_runtime():
     lib.ex_free(q)
     lib.ex_free(ffi.NULL)
     assert lib.ex_mem_current() == before
+    for n in ((1 << 20) - 64, 3 << 20, (4 << 20) - 64):  # mapped blocks: each byte usable, counted, unmapped
+        p = lib.ex_alloc(n)
+        a = np.frombuffer(ffi.buffer(p, n), np.uint8)
+        assert int(ffi.cast("uintptr_t", p)) % (2 << 20) == 64  # after the size header, on a 2 MB boundary
+        a[:] = 7
+        assert lib.ex_mem_current() == before + n and a.sum() == 7 * n
+        del a
+        lib.ex_free(p)
+        assert lib.ex_mem_current() == before
     lib.ex_mem_reset_peak()
     assert lib.ex_mem_peak() == before
     assert lib.ex_set_isa(7) == lib.EX_EINVAL

@@ -226,6 +226,23 @@ def test_read_safetensors_resident_tensors_match_the_mapped_ones(tmp_path):
         assert b.dtype == np.uint8 and b.nbytes == n and b.ctypes.data % 64 == 0 and not b.any()
 
 
+def test_packed_buffers_share_huge_page_chunks():
+    """Small packed-weight buffers are carved side by side from shared chunks, zeroed, aligned and
+    apart; a buffer of 2 MB or more has pages of its own."""
+    from express.io import packed_buffer
+    bufs = [packed_buffer(n) for n in (1, 100, 64, 1 << 20, 5)]
+    for b, n in zip(bufs, (1, 100, 64, 1 << 20, 5)):
+        assert b.dtype == np.uint8 and b.nbytes == n and b.ctypes.data % 64 == 0 and not b.any()
+    spans = sorted((b.ctypes.data, b.ctypes.data + b.nbytes) for b in bufs)
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))  # no overlap
+    assert bufs[0].base is bufs[1].base  # one chunk
+    for i, b in enumerate(bufs):
+        b[:] = i + 1
+    assert [int(b[0]) for b in bufs] == [1, 2, 3, 4, 5]
+    big = packed_buffer(3 << 20)
+    assert big.nbytes == 3 << 20 and big.base is not bufs[0].base and big.ctypes.data % (2 << 20) == 0
+
+
 def test_slice_update_in_place_and_compiled():
     cache = ex.zeros((2, 6, 3))
     ex.eval(cache)

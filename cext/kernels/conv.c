@@ -38,9 +38,9 @@ static int conv_check(const ex_conv_params *p) {
   return EX_OK;
 }
 
-/* Per-thread scratch buffers kept between calls: a fresh multi-megabyte malloc is mmap'ed and
- * page-faulted again on every call, which costs as much as a small convolution.  Buffers over
- * SCRATCH_KEEP are allocated and freed each time. */
+/* Per-thread scratch buffers kept between calls (on huge pages from 1 MB: ex_aligned_alloc): a
+ * fresh multi-megabyte malloc is mmap'ed and page-faulted again on every call, which costs as much
+ * as a small convolution.  Buffers over SCRATCH_KEEP are allocated and freed each time. */
 enum { SC_COL, SC_XD, SC_TR, SC_WG_X, SC_WG_V, SC_ROW, SC_PWDW, SC_SLOTS };
 #define SCRATCH_KEEP ((size_t)64 << 20)
 static _Thread_local float *sc_buf[SC_SLOTS];
@@ -50,8 +50,8 @@ static float *sc_take(int slot, size_t nfloats) {
   const size_t nb = ROUND_UP(EX_MAX(nfloats, 1) * sizeof(float), 64);
   if (nb > SCRATCH_KEEP) return aligned_alloc(64, nb);
   if (nb > sc_cap[slot]) {
-    free(sc_buf[slot]);
-    sc_buf[slot] = aligned_alloc(64, nb);
+    ex_aligned_free(sc_buf[slot], sc_cap[slot]);
+    sc_buf[slot] = ex_aligned_alloc(nb);
     sc_cap[slot] = sc_buf[slot] ? nb : 0;
   }
   return sc_buf[slot];

@@ -15,7 +15,7 @@ import numpy as np
 from .. import dtypes as dt
 from .._lib import KernelCall, check, ffi, lib, ptr
 from ..errors import DTypeError, ShapeError
-from ..io import hugepage_buffer
+from ..io import packed_buffer
 from ..tensor import node
 from .registry import defop
 
@@ -28,11 +28,10 @@ WINOGRAD_POINTS = {"winograd": 36, "winograd2": 16}  # transform points: F(4x4, 
 
 
 def _weight_buffer(n: int) -> np.ndarray:
-    """n floats for weights packed once and read on every run: 64-byte aligned, and in 2 MB pages
-    when large, since a layer's packed weights stream from memory and the hardware prefetcher
-    stops at every 4 KB page (a 512-channel F(2x2) layer at 7 x 7, 16 MB of weights, 8-10% faster
-    at one thread)."""
-    return hugepage_buffer(4 * n).view(np.float32)
+    """n floats for weights packed once and read on every run, in 2 MB pages: a layer's packed
+    weights stream from memory, and the hardware prefetcher stops at every 4 KB page (a 512-channel
+    F(2x2) layer at 7 x 7, 16 MB of weights, 8-10% faster at one thread)."""
+    return packed_buffer(4 * n).view(np.float32)
 
 
 def _fp(a):
