@@ -22,7 +22,9 @@ int  ex_set_isa(int isa);              /* force a variant; EX_EINVAL if the CPU 
 void ex_set_num_threads(int n);        /* n >= 1; the pool grows or shrinks */
 int  ex_get_num_threads(void);
 void *ex_alloc(size_t nbytes);         /* 64-byte aligned; NULL on failure; counted */
-void ex_free(void *p);
+void *ex_alloc_huge(size_t nbytes);    /* as ex_alloc, from 1 MB up mapped afresh on transparent
+                                          huge pages: for memory kept and reused (a compiled plan's) */
+void ex_free(void *p);                 /* either's blocks */
 int64_t ex_mem_current(void);          /* bytes held through ex_alloc now */
 int64_t ex_mem_peak(void);
 void ex_mem_reset_peak(void);

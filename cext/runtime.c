@@ -197,11 +197,13 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
 }
 
 /* ---- aligned memory ----
- * Blocks of 1 MB or more are mapped afresh, 2 MB-aligned and rounded up to 2 MB, and Linux is
- * asked to back them with transparent huge pages before they are first touched (heap memory
- * touched before would keep its 4 KB pages).  A plan's arena and the kernels' scratch are read by
- * every layer: on 4 KB pages, ResNet-18 ran 5-10% slower at one thread, most of all after an
- * idle pause, when the page walks miss the cache. */
+ * Blocks of 1 MB or more that are kept and reused (a compiled plan's arena, a convolution's kept
+ * scratch) are mapped afresh, 2 MB-aligned and rounded up to 2 MB, and Linux is asked to back them
+ * with transparent huge pages before they are first touched (heap memory touched before keeps its
+ * 4 KB pages).  Every layer reads them: on 4 KB pages ResNet-18 ran 5-10% slower at one thread,
+ * most of all after an idle pause, when the page walks miss the cache.  A fresh mapping costs its
+ * page faults each time, so short-lived blocks (an eager evaluation's) stay on the heap, whose
+ * freed memory malloc reuses without faults. */
 #define HUGE_PAGE ((size_t)2 << 20)
 #define MAPPED(nbytes) ((nbytes) >= HUGE_PAGE / 2)
 
@@ -226,27 +228,37 @@ void ex_aligned_free(void *p, size_t nbytes) {
   else free(p);
 }
 
-/* ---- counted aligned memory: a 64-byte header in front of each block holds its size ---- */
+/* ---- counted aligned memory: a 64-byte header in front of each block holds its size and
+ * whether it was mapped ---- */
 static _Atomic int64_t g_mem_cur, g_mem_peak;
 
-void *ex_alloc(size_t nbytes) {
+static void *counted(size_t nbytes, int huge) {
   if (nbytes > SIZE_MAX - 2 * HUGE_PAGE - 64) return NULL;
-  char *raw = ex_aligned_alloc(nbytes + 64);
+  const size_t total = nbytes + 64;
+  const int64_t mapped = huge && MAPPED(total);
+  char *raw = mapped ? ex_aligned_alloc(total) : aligned_alloc(64, (total + 63) / 64 * 64);
   if (!raw) return NULL;
   memcpy(raw, &nbytes, sizeof nbytes);
+  memcpy(raw + 8, &mapped, sizeof mapped);
   const int64_t cur = atomic_fetch_add(&g_mem_cur, (int64_t)nbytes) + (int64_t)nbytes;
   int64_t peak = atomic_load(&g_mem_peak);
   while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
   return raw + 64;
 }
 
+void *ex_alloc(size_t nbytes) { return counted(nbytes, 0); }
+void *ex_alloc_huge(size_t nbytes) { return counted(nbytes, 1); }
+
 void ex_free(void *p) {
   if (!p) return;
   char *raw = (char *)p - 64;
   size_t nbytes;
+  int64_t mapped;
   memcpy(&nbytes, raw, sizeof nbytes);
+  memcpy(&mapped, raw + 8, sizeof mapped);
   atomic_fetch_sub(&g_mem_cur, (int64_t)nbytes);
-  ex_aligned_free(raw, nbytes + 64);
+  if (mapped) ex_aligned_free(raw, nbytes + 64);
+  else free(raw);
 }
 
 int64_t ex_mem_current(void) { return atomic_load(&g_mem_cur); }

@@ -125,4 +125,4 @@ def _trace(fn, args, arrays, static):
             call_args.append(s)
     outs, unflatten = _flatten(fn(*call_args))
     _fold_constants(outs, inputs)
-    return _Compiled(fn, inputs, Plan(outs, inputs), unflatten)
+    return _Compiled(fn, inputs, Plan(outs, inputs, kept=True), unflatten)

@@ -41,11 +41,12 @@ def _dummy(shape, dtype):
     return np.lib.stride_tricks.as_strided(np.zeros(1, npd), shape, tuple(reversed(strides)))
 
 
-def alloc(nbytes: int) -> np.ndarray:
-    """`nbytes` of 64-byte aligned, counted memory from the C allocator, as a uint8 array."""
+def alloc(nbytes: int, huge: bool = False) -> np.ndarray:
+    """`nbytes` of 64-byte aligned, counted memory from the C allocator, as a uint8 array; `huge`:
+    for memory kept and reused over many runs, from 1 MB up on huge pages (ex_alloc_huge)."""
     if nbytes == 0:
         return np.empty(0, np.uint8)
-    p = lib.ex_alloc(nbytes)
+    p = (lib.ex_alloc_huge if huge else lib.ex_alloc)(nbytes)
     if p == ffi.NULL:
         raise MemoryError(f"express: cannot allocate {nbytes} bytes")
     return np.frombuffer(ffi.buffer(ffi.gc(p, lib.ex_free, size=nbytes), nbytes), np.uint8)
@@ -173,9 +174,10 @@ def _nbytes(t):
 
 class Plan:
     """An executable plan for `roots`. `inputs` are placeholder tensors (ex.compile) whose
-    buffers the plan owns; `run()` executes every step."""
+    buffers the plan owns; `run()` executes every step. A `kept` plan (compiled, or cached for
+    eager graphs) runs many times: its buffers go on huge pages, a one-off plan's on the heap."""
 
-    def __init__(self, roots: list[Tensor], inputs: list[Tensor] = ()):
+    def __init__(self, roots: list[Tensor], inputs: list[Tensor] = (), kept: bool = False):
         nodes, canon = graph.order(roots)
         nodes = fuse_kernels(nodes, canon, roots)  # kernel epilogues, BN folding, conv algorithms (fusion.py)
         self.roots = [canon[id(r)] for r in roots]
@@ -255,14 +257,14 @@ class Plan:
                 last[id(base[id(x)])] = k
         own = {id(base[id(r)]) for r in self.roots} | input_ids
         offsets, self.arena_bytes = _allocate(steps, base, last, own, lay)
-        self.arena = alloc(self.arena_bytes)
+        self.arena = alloc(self.arena_bytes, kept)
         bufs: dict[int, np.ndarray] = {}
         for kind, out, _, _ in steps:
             if kind != "inplace":
                 n = _nbytes(out)
-                bufs[id(out)] = alloc(n) if id(out) in own else self.arena[offsets[id(out)]:offsets[id(out)] + n]
+                bufs[id(out)] = alloc(n, kept) if id(out) in own else self.arena[offsets[id(out)]:offsets[id(out)] + n]
         for t in inputs:
-            bufs[id(t)] = alloc(_nbytes(t))
+            bufs[id(t)] = alloc(_nbytes(t), kept)
         real: dict[int, np.ndarray] = {}
 
         def array_of(t):
@@ -411,7 +413,7 @@ def _cached(roots):
         clone = {id(l): Tensor(None, (), {}, l.shape, l.dtype) for l in leaves}
         for t in nodes:
             clone[id(t)] = Tensor(t.op, tuple(clone[id(i)] for i in graph.inputs(t, canon)), t.attrs, t.shape, t.dtype)
-        plan = _PLANS[key] = Plan([clone[id(canon[id(r)])] for r in roots], [clone[id(l)] for l in leaves])
+        plan = _PLANS[key] = Plan([clone[id(canon[id(r)])] for r in roots], [clone[id(l)] for l in leaves], kept=True)
         if len(_PLANS) > _PLAN_CACHE_SIZE:
             _PLANS.popitem(last=False)
     for dst, leaf in zip(plan.input_arrays, leaves):

@@ -633,10 +633,12 @@ def test_runtime():
     lib.ex_free(q)
     lib.ex_free(ffi.NULL)
     assert lib.ex_mem_current() == before
-    for n in ((1 << 20) - 64, 3 << 20, (4 << 20) - 64):  # mapped blocks: each byte usable, counted, unmapped
-        p = lib.ex_alloc(n)
+    for alloc, n in [(a, n) for a in (lib.ex_alloc, lib.ex_alloc_huge) for n in ((1 << 20) - 64, 3 << 20, (4 << 20) - 64)]:
+        p = alloc(n)  # large blocks, on the heap or mapped: each byte usable, counted, freed
         a = np.frombuffer(ffi.buffer(p, n), np.uint8)
-        assert int(ffi.cast("uintptr_t", p)) % (2 << 20) == 64  # after the size header, on a 2 MB boundary
+        assert int(ffi.cast("uintptr_t", p)) % 64 == 0
+        if alloc == lib.ex_alloc_huge:  # after the 64-byte header, on a 2 MB boundary
+            assert int(ffi.cast("uintptr_t", p)) % (2 << 20) == 64
         a[:] = 7
         assert lib.ex_mem_current() == before + n and a.sum() == 7 * n
         del a
