@@ -235,7 +235,8 @@ def test_packed_buffers_share_huge_page_chunks():
         assert b.dtype == np.uint8 and b.nbytes == n and b.ctypes.data % 64 == 0 and not b.any()
     spans = sorted((b.ctypes.data, b.ctypes.data + b.nbytes) for b in bufs)
     assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))  # no overlap
-    assert bufs[0].base is bufs[1].base  # one chunk
+    chunks = [b.base for b in bufs[:3]]  # shared: at most one chunk ends among these three
+    assert any(a is not None and a is b for a, b in zip(chunks, chunks[1:]))
     for i, b in enumerate(bufs):
         b[:] = i + 1
     assert [int(b[0]) for b in bufs] == [1, 2, 3, 4, 5]
