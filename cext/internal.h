@@ -73,10 +73,10 @@ void ex_parallel_for(int64_t n, int64_t grain, ex_task_fn fn, void *ctx);
 int64_t ex_parallel_per(int64_t n, int64_t grain);
 /* Threads a parallel_for issued from here would use (1 inside a task). */
 int ex_pool_width(void);
-/* 64-byte aligned; from 1 MB up, mapped on transparent huge pages; freed by ex_aligned_free with
- * the same size */
-void *ex_aligned_alloc(size_t nbytes);
-void ex_aligned_free(void *p, size_t nbytes);
+/* 64-byte aligned; with `huge`, from 1 MB up mapped on transparent huge pages (for memory kept
+ * and reused); freed by ex_aligned_free with the same size and `huge` */
+void *ex_aligned_alloc(size_t nbytes, int huge);
+void ex_aligned_free(void *p, size_t nbytes, int huge);
 
 /* A memory-bound one-row product walks its share [lo, hi) of the weights as EX_PARTS parts side
  * by side (one stream leaves a core short of the memory's rate), their lengths differing by at

@@ -205,11 +205,12 @@ int ex_attention(const float *q, const int64_t *q_strides, const float *k, const
  * page faults each time, so short-lived blocks (an eager evaluation's) stay on the heap, whose
  * freed memory malloc reuses without faults. */
 #define HUGE_PAGE ((size_t)2 << 20)
-#define MAPPED(nbytes) ((nbytes) >= HUGE_PAGE / 2)
 
-void *ex_aligned_alloc(size_t nbytes) {
+static int mapped(size_t nbytes, int huge) { return huge && nbytes >= HUGE_PAGE / 2; }
+
+void *ex_aligned_alloc(size_t nbytes, int huge) {
   if (nbytes > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
-  if (!MAPPED(nbytes)) return aligned_alloc(64, ((nbytes ? nbytes : 1) + 63) / 64 * 64);
+  if (!mapped(nbytes, huge)) return aligned_alloc(64, ((nbytes ? nbytes : 1) + 63) / 64 * 64);
   const size_t n = (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
   char *m = mmap(NULL, n + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return NULL;
@@ -222,24 +223,22 @@ void *ex_aligned_alloc(size_t nbytes) {
   return p;
 }
 
-void ex_aligned_free(void *p, size_t nbytes) {
+void ex_aligned_free(void *p, size_t nbytes, int huge) {
   if (!p) return;
-  if (MAPPED(nbytes)) munmap(p, (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+  if (mapped(nbytes, huge)) munmap(p, (nbytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
   else free(p);
 }
 
 /* ---- counted aligned memory: a 64-byte header in front of each block holds its size and
- * whether it was mapped ---- */
+ * whether it may be mapped ---- */
 static _Atomic int64_t g_mem_cur, g_mem_peak;
 
-static void *counted(size_t nbytes, int huge) {
+static void *counted(size_t nbytes, int64_t huge) {
   if (nbytes > SIZE_MAX - 2 * HUGE_PAGE - 64) return NULL;
-  const size_t total = nbytes + 64;
-  const int64_t mapped = huge && MAPPED(total);
-  char *raw = mapped ? ex_aligned_alloc(total) : aligned_alloc(64, (total + 63) / 64 * 64);
+  char *raw = ex_aligned_alloc(nbytes + 64, (int)huge);
   if (!raw) return NULL;
   memcpy(raw, &nbytes, sizeof nbytes);
-  memcpy(raw + 8, &mapped, sizeof mapped);
+  memcpy(raw + 8, &huge, sizeof huge);
   const int64_t cur = atomic_fetch_add(&g_mem_cur, (int64_t)nbytes) + (int64_t)nbytes;
   int64_t peak = atomic_load(&g_mem_peak);
   while (cur > peak && !atomic_compare_exchange_weak(&g_mem_peak, &peak, cur)) {}
@@ -253,12 +252,11 @@ void ex_free(void *p) {
   if (!p) return;
   char *raw = (char *)p - 64;
   size_t nbytes;
-  int64_t mapped;
+  int64_t huge;
   memcpy(&nbytes, raw, sizeof nbytes);
-  memcpy(&mapped, raw + 8, sizeof mapped);
+  memcpy(&huge, raw + 8, sizeof huge);
   atomic_fetch_sub(&g_mem_cur, (int64_t)nbytes);
-  if (mapped) ex_aligned_free(raw, nbytes + 64);
-  else free(raw);
+  ex_aligned_free(raw, nbytes + 64, (int)huge);
 }
 
 int64_t ex_mem_current(void) { return atomic_load(&g_mem_cur); }

@@ -108,8 +108,8 @@ def test_winograd_within_1e4_of_direct(shape, isa, threads):
                                    (1, 8, 56, 56, 9)])  # 196 tiles: blocks of 200, or 104 + 92 a thread
 def test_winograd_epilogue_runs(shape, act, isa, threads):
     """F(4x4)'s output rows are written a run of tiles at a time (tiles of one row, split where a
-    group of 8 tiles, 16 with AVX-512, crosses rows or images, clipped at the plane's edge): bias, residual, each activation,
-    and NaN in the residual passing through ReLU6 at its own position."""
+    group of 8 tiles, 16 with AVX-512, crosses rows or images, clipped at the plane's edge): bias,
+    residual, each activation, and NaN in the residual passing through ReLU6 at its own position."""
     n, c, h, w, oc = shape
     x, wt, b, r = rnd(n, c, h, w), rnd(oc, c, 3, 3), rnd(oc), rnd(n, oc, h, w)
     r[0, 0, 0, 1] = r[-1, -1, -1, -1] = np.nan

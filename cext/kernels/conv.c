@@ -50,8 +50,8 @@ static float *sc_take(int slot, size_t nfloats) {
   const size_t nb = ROUND_UP(EX_MAX(nfloats, 1) * sizeof(float), 64);
   if (nb > SCRATCH_KEEP) return aligned_alloc(64, nb);
   if (nb > sc_cap[slot]) {
-    ex_aligned_free(sc_buf[slot], sc_cap[slot]);
-    sc_buf[slot] = ex_aligned_alloc(nb);
+    ex_aligned_free(sc_buf[slot], sc_cap[slot], 1);
+    sc_buf[slot] = ex_aligned_alloc(nb, 1);
     sc_cap[slot] = sc_buf[slot] ? nb : 0;
   }
   return sc_buf[slot];
