@@ -141,7 +141,7 @@ def work_express(path, threads):
     tok = int(np.argmax(lg[0]))
     t = time.perf_counter()
     for _ in range(GEN):
-        tok = int(np.argmax(m._run([tok])[0]))
+        tok = int(np.argmax(m._decode(tok)))  # generate_ids' step: logits read in place
     return dict(prefill=prefill, decode=GEN / (time.perf_counter() - t), rss=_rss_mb())
 
 

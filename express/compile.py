@@ -59,11 +59,19 @@ def _fold_constants(outs, inputs):
 
 
 class _Compiled:
+    """The plan traced for one input signature.  A call copies its arguments in and its results
+    out; a hot loop may instead write into `input_arrays` (the plan's own input buffers) and call
+    `run()`, which returns the plan's output buffers themselves: overwritten by the next run."""
+
     def __init__(self, fn, inputs, plan, unflatten):
         self.fn, self.inputs, self.plan, self.unflatten = fn, inputs, plan, unflatten
+        self.input_arrays = plan.input_arrays
+
+    def run(self) -> list:
+        return self.plan.run()
 
     def __call__(self, arrays):
-        for dst, a in zip(self.plan.input_arrays, arrays):
+        for dst, a in zip(self.input_arrays, arrays):
             if a.flags.c_contiguous and a.dtype == dst.dtype:
                 ffi.memmove(dst, a, a.nbytes)
             else:
@@ -82,8 +90,7 @@ def compile(fn):
     """
     cache: dict = {}
 
-    @functools.wraps(fn)
-    def wrapper(*args):
+    def lookup(args):
         arrays, key, static = [], [], []
         for a in args:
             if isinstance(a, Tensor) or isinstance(a, np.ndarray):
@@ -98,9 +105,20 @@ def compile(fn):
         c = cache.get(key)
         if c is None:
             c = cache[key] = _trace(fn, args, arrays, static)
+        return c, arrays
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        c, arrays = lookup(args)
         return c(arrays)
 
-    wrapper.cache = cache
+    def prepare(*args):
+        """The traced plan for arguments of the shapes, dtypes and static values of `args` (traced
+        now if new): write into its `input_arrays`, then `run()`, for a loop that calls it with
+        the same signature many times (an LLM decode step)."""
+        return lookup(args)[0]
+
+    wrapper.cache, wrapper.prepare = cache, prepare
     return wrapper
 
 

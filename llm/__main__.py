@@ -76,11 +76,10 @@ def cmd_bench(a):
     t = time.perf_counter()
     m._run(prompt)
     prefill = a.prompt_tokens / (time.perf_counter() - t)
-    tok = [int(prompt[-1])]
+    tok = int(prompt[-1])
     t = time.perf_counter()
-    for _ in range(a.gen_tokens):
-        lg = m._run(tok)
-        tok = [int(np.argmax(lg[0]))]
+    for _ in range(a.gen_tokens):  # generate_ids' greedy step
+        tok = int(np.argmax(m._decode(tok)))
     decode = a.gen_tokens / (time.perf_counter() - t)
     rss = psutil.Process().memory_info().rss
     print(f"load {load_s:.2f} s | prefill {prefill:.1f} tok/s ({a.prompt_tokens} tokens) | decode {decode:.1f} tok/s "

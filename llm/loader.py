@@ -59,9 +59,8 @@ def float_embed(model: CausalLM):
 
 
 def quantized_embed(head):
-    from express.ops.quant import dequantize_rows
-    q, s = head.qweight.numpy(), head.scales.numpy()
-    return lambda ids: dequantize_rows(q, s, head.bits, head.group_size, ids)
+    from express.ops.quant import RowTable
+    return RowTable(head.qweight.numpy(), head.scales.numpy(), head.bits, head.group_size)
 
 
 def read_generation_config(folder):

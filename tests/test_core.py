@@ -115,6 +115,32 @@ def test_compile_replays_and_folds_constants():
     assert out.numpy().shape == (4, 8) and got.numpy()[0, 0] != out.numpy()[0, 0]  # results are not shared
 
 
+def test_compile_prepare_runs_in_place():
+    """prepare() gives the traced plan of a signature: a loop writes its input buffers and reads
+    its output buffers, which the next run overwrites."""
+    calls = []
+
+    def f(x, k):
+        calls.append(1)
+        return ex.exp(x) * k, ex.sum(x)
+
+    g = ex.compile(f)
+    step = g.prepare(np.zeros((2, 3), np.float32), 3.0)
+    assert step is g.prepare(np.ones((2, 3), np.float32), 3.0) and len(calls) == 1  # one trace a signature
+    assert g.prepare(np.zeros((2, 3), np.float32), 4.0) is not step  # a static value is part of it
+    (x,) = step.input_arrays
+    outs = []
+    for i in range(2):
+        xn = np.random.default_rng(i).standard_normal((2, 3)).astype(np.float32)
+        x[...] = xn
+        a, s = step.run()
+        np.testing.assert_allclose(a, np.exp(xn) * 3, rtol=1e-6)
+        np.testing.assert_allclose(s, xn.sum(), rtol=1e-5)
+        outs.append(a)
+    assert outs[0] is outs[1]  # the plan's own buffer
+    np.testing.assert_allclose(g(xn, 3.0)[0].numpy(), np.exp(xn) * 3, rtol=1e-6)  # a call still copies
+    assert len(calls) == 2
+
 def test_compile_outputs_and_errors():
     h = ex.compile(lambda x: {"a": x + 1, "b": (x.T, ex.sum(x))})
     with pytest.raises(ex.ExpressError, match="Tensor"):

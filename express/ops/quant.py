@@ -84,28 +84,46 @@ def dequantize_weight(qweight, scales, bits: int, group_size: int, out_features:
     return w if out_features is None else w[:out_features]
 
 
+class RowTable:
+    """Row lookups in a packed int4/int8 table (an embedding whose table is a quantized LM head),
+    checked once here, so that a lookup is one C call reading only those rows' bytes (a decode
+    step's lookup, cold: a few us against 0.13 ms dequantizing in NumPy)."""
+
+    def __init__(self, qweight, scales, bits: int, group_size: int):
+        q, s = np.ascontiguousarray(qweight), np.ascontiguousarray(scales)
+        if bits not in (4, 8) or q.dtype != (np.int8 if bits == 8 else np.uint8) or s.dtype != np.float16:
+            raise DTypeError(f"dequantize_rows: {bits}-bit weights {q.dtype} with scales {s.dtype} are not a packed "
+                             "int4 (uint8) / int8 table with float16 scales")
+        k = q.shape[1] * 32 if q.ndim == 3 else 0
+        if (q.ndim != 3 or q.shape[2] != (32 if bits == 8 else 16) * ROWS or group_size < 32 or group_size % 32
+                or k % group_size or s.shape != (q.shape[0], k // group_size, ROWS)):
+            raise ShapeError(f"dequantize_rows: weights {q.shape} and scales {s.shape} are not a {bits}-bit table "
+                             f"packed with group size {group_size}")
+        self.n, self.k = ROWS * q.shape[0], k
+        self._keep = (q, s)
+        self._args = (int(bits), self.n, k, int(group_size), ffi.cast("void *", ptr(q)), ffi.cast("void *", ptr(s)))
+
+    def __call__(self, rows, out=None) -> np.ndarray:
+        """Rows `rows` (int64 indices) dequantized, [len(rows), k] float32, into `out` if given
+        (C-contiguous float32 of that shape)."""
+        rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
+        if out is None:
+            out = np.empty((len(rows), self.k), np.float32)
+        elif out.shape != (len(rows), self.k) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ShapeError(f"dequantize_rows: out {out.dtype} {out.shape} is not a contiguous float32 "
+                             f"{(len(rows), self.k)} array")
+        rc = lib.ex_qgemm_rows(*self._args, ffi.cast("int64_t *", ptr(rows)), len(rows), ffi.cast("float *", ptr(out)))
+        if rc == lib.EX_EINVAL and len(rows) and not (0 <= rows.min() and rows.max() < self.n):
+            raise OutOfRangeError(f"dequantize_rows: row {rows[(rows < 0) | (rows >= self.n)][0]} is "
+                                  f"outside the table's {self.n} rows")
+        check(rc, "dequantize_rows")
+        return out
+
+
 def dequantize_rows(qweight, scales, bits: int, group_size: int, rows) -> np.ndarray:
     """Rows `rows` of the dequantized weight (an embedding lookup from a quantized table), reading
-    only those rows' bytes (a decode step's lookup: 0.13 ms in NumPy, cold, against a few us)."""
-    rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
-    q, s = np.ascontiguousarray(qweight), np.ascontiguousarray(scales)
-    if bits not in (4, 8) or q.dtype != (np.int8 if bits == 8 else np.uint8) or s.dtype != np.float16:
-        raise DTypeError(f"dequantize_rows: {bits}-bit weights {q.dtype} with scales {s.dtype} are not a packed "
-                         "int4 (uint8) / int8 table with float16 scales")
-    k = q.shape[1] * 32 if q.ndim == 3 else 0
-    if (q.ndim != 3 or q.shape[2] != (32 if bits == 8 else 16) * ROWS or group_size < 32 or group_size % 32
-            or k % group_size or s.shape != (q.shape[0], k // group_size, ROWS)):
-        raise ShapeError(f"dequantize_rows: weights {q.shape} and scales {s.shape} are not a {bits}-bit table "
-                         f"packed with group size {group_size}")
-    out = np.empty((len(rows), k), np.float32)
-    rc = lib.ex_qgemm_rows(int(bits), ROWS * q.shape[0], k, int(group_size), ffi.cast("void *", ptr(q)),
-                           ffi.cast("void *", ptr(s)), ffi.cast("int64_t *", ptr(rows)), len(rows),
-                           ffi.cast("float *", ptr(out)))
-    if rc == lib.EX_EINVAL and len(rows) and not (0 <= rows.min() and rows.max() < ROWS * q.shape[0]):
-        raise OutOfRangeError(f"dequantize_rows: row {rows[(rows < 0) | (rows >= ROWS * q.shape[0])][0]} is "
-                              f"outside the table's {ROWS * q.shape[0]} rows")
-    check(rc, "dequantize_rows")
-    return out
+    only those rows' bytes."""
+    return RowTable(qweight, scales, bits, group_size)(rows)
 
 
 def _qlinear_infer(x, *ins, bits, group_size, ns, biased, has_res=False):

@@ -71,6 +71,24 @@ def test_chunked_prefill_and_bucket_crossing(tiny):
     np.testing.assert_allclose(m.forward(prompt[:120]), ref_logits(ref, prompt[:120]), atol=1e-4, rtol=0)
 
 
+def test_decode_step_reads_the_plans_logits(tiny):
+    """generate_ids' step: one token through the decode plan, logits read from its own buffer
+    (valid until the next step); the same numbers as a full forward pass."""
+    folder, ref = tiny("qwen3")
+    m = llm.load(folder, max_context=300)
+    want = ref_logits(ref, IDS)
+    m._run(IDS[:3])
+    rows = [m._decode(t).copy() for t in IDS[3:]]
+    np.testing.assert_allclose(np.stack(rows), want[3:], atol=1e-4, rtol=0)
+    assert m.cache.pos == len(IDS) and np.shares_memory(m._decode(5), m._decode(6))  # one buffer, overwritten
+    assert not np.shares_memory(m._run([7]), m._run([8]))  # _run copies
+    m.reset()
+    m._run([1] * 299)
+    m._decode(2)  # the last slot
+    with pytest.raises(ex.OutOfRangeError, match="context"):
+        m._decode(3)
+
+
 def test_cache_reuse_extends_prompt(tiny):
     folder, ref = tiny("llama")
     m = llm.load(folder)

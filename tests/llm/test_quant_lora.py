@@ -150,7 +150,7 @@ def test_quantize_weight_roundtrip_and_error_bounds():
     # odd row counts pad to a multiple of 16; embedding rows come back by index
     q, s = quantize_weight(w[:5], 4, 32)
     assert q.shape == (1, 4, 256) and s.shape == (1, 4, 16)
-    from express.ops.quant import dequantize_rows
+    from express.ops.quant import RowTable, dequantize_rows
     np.testing.assert_array_equal(dequantize_rows(q, s, 4, 32, [4, 0, 4]), dequantize_weight(q, s, 4, 32, 5)[[4, 0, 4]])
     # rows of several 16-row groups, both widths, a group size above 32
     big = np.random.default_rng(3).standard_normal((37, 128)).astype(np.float32)
@@ -159,6 +159,12 @@ def test_quantize_weight_roundtrip_and_error_bounds():
         rows = [36, 0, 17, 17, 15, 16]
         np.testing.assert_array_equal(dequantize_rows(q, s, bits, 64, rows), dequantize_weight(q, s, bits, 64, 37)[rows])
         assert dequantize_rows(q, s, bits, 64, []).shape == (0, 128)
+        table, out = RowTable(q, s, bits, 64), np.full((len(rows), 128), np.nan, np.float32)
+        assert table(rows, out=out) is out  # written in place (a decode step's lookup)
+        np.testing.assert_array_equal(out, dequantize_weight(q, s, bits, 64, 37)[rows])
+        for bad_out in (out[:1], out.astype(np.float64), np.zeros((128, len(rows)), np.float32).T):
+            with pytest.raises(ex.ShapeError, match="out"):
+                table(rows, out=bad_out)
         for bad in ([48], [-1], [3, 100]):  # past the table's 48 rows (3 groups of 16): an error, not a read
             with pytest.raises(ex.OutOfRangeError, match="dequantize_rows"):
                 dequantize_rows(q, s, bits, 64, bad)
