@@ -1,19 +1,24 @@
 """CNN inference side by side: Express vs onnxruntime vs MNN, batch 1, 224x224, random weights.
 
-    python benchmarks/cnn.py [--models resnet18,resnet50,mobilenet_v2] [--threads 1,2] [--runs 15]
+    python benchmarks/cnn.py [--models resnet18,resnet50,mobilenet_v2] [--threads 1,2] [--runs 15] [--rounds 3]
 
 Each architecture is built twice from one definition (benchmarks/cnn_models.py): a PyTorch module,
 exported to ONNX for onnxruntime (all graph optimizations) and converted with MNN's converter, and
 an express.nn module loaded with the same weights (BatchNorm statistics randomized so it is not an
-identity). Outputs are checked to agree before timing. Express runs through `ex.compile`. Each
-engine gets warm-up runs, then the median (and best) of `--runs` timed runs per thread count;
-engines alternate run by run so machine noise hits them alike, with a short idle gap (`--gap`) before
-each timed run so one engine's still-spinning pool threads do not compete with the next engine.
+identity). Express runs through `ex.compile`.
+
+Each engine runs in a process of its own (`--worker`), which checks its output against PyTorch's,
+makes warm-up runs and then `--runs` timed runs, each after an idle gap (`--gap`); the engines take
+turns, `--rounds` times, in rotating order, so machine noise hits them alike.  The table gives the
+median (and best) of all of an engine's timed runs.  Two engines' thread pools in one process
+disturb each other at two threads: in one process with Express, onnxruntime's MobileNetV2 took a
+median 11 ms against 4.4 alone, and with Express's workers unpinned it was Express that slowed.
 Needs: torch, onnx, onnxruntime, mnn.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -110,18 +115,47 @@ class Express:
         return self.f(x).numpy()
 
 
-def bench(engines, x, runs, warmup=3, gap=0.0):
-    for e in engines:
-        for _ in range(warmup):
-            e(x)
-    times = {e.name: [] for e in engines}
+ENGINES = {"Express": "express", "onnxruntime": "ort", "MNN": "mnn"}
+
+
+def work(engine, name, folder, threads, runs, gap, warmup=3):
+    """One engine in this process: check its output, then the times (seconds) of `runs` runs."""
+    f = lambda ext: os.path.join(folder, name + ext)  # noqa: E731
+    x, want = np.load(f(".x.npy")), np.load(f(".want.npy"))
+    if engine == "express":
+        m = build(name, enn)
+        with np.load(f(".weights.npz")) as w:
+            m.load_weights(dict(w))
+        e = Express(m, threads)
+    else:
+        e = Ort(f(".onnx"), threads) if engine == "ort" else Mnn(f(".mnn"), threads)
+    err = np.abs(e(x) - want).max() / np.abs(want).max()
+    if err > 1e-3:
+        raise SystemExit(f"{name}: {e.name} output differs from PyTorch (max error {err:.2e} of max)")
+    for _ in range(warmup):
+        e(x)
+    times = []
     for _ in range(runs):
-        for e in engines:
-            if gap:  # let the previous engine's spinning worker threads go idle first
-                time.sleep(gap)
-            t0 = time.perf_counter()
-            e(x)
-            times[e.name].append(time.perf_counter() - t0)
+        if gap:
+            time.sleep(gap)
+        t0 = time.perf_counter()
+        e(x)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench(name, folder, threads, runs, rounds, gap):
+    """{engine name: (median ms, best ms)} over every round's runs, each engine in its own process."""
+    times = {k: [] for k in ENGINES}
+    order = list(ENGINES)
+    for r in range(rounds):
+        for k in order[r % len(order):] + order[:r % len(order)]:
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", ENGINES[k], "--models", name, "--folder",
+                   folder, "--threads", str(threads), "--runs", str(runs), "--gap", str(gap)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode:
+                raise SystemExit(f"{name}, {k} at {threads} thread(s) failed:\n{out.stderr[-2000:]}")
+            times[k] += json.loads(out.stdout.strip().splitlines()[-1])
     return {k: (float(np.median(v)) * 1e3, float(np.min(v)) * 1e3) for k, v in times.items()}
 
 
@@ -129,38 +163,38 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet18,resnet50,mobilenet_v2")
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--gap", type=float, default=0.05,
-                    help="seconds of idle before each timed run, so the worker threads one engine leaves "
-                         "spinning do not take cores from the next (0: back to back)")
+    ap.add_argument("--runs", type=int, default=15, help="timed runs per engine process")
+    ap.add_argument("--rounds", type=int, default=3, help="processes per engine, taking turns with the others")
+    ap.add_argument("--gap", type=float, default=0.05, help="seconds of idle before each timed run (0: back to back)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(work(args.worker, args.models, args.folder, int(args.threads), args.runs, args.gap)))
+        return
+    import onnxruntime
     import torch
     torch.set_num_threads(1)
-    import onnxruntime
     rows = []
     tmp = tempfile.mkdtemp(prefix="express-cnn-")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     for name in args.models.split(","):
         tm = torch_model(name)
-        onnx_path, mnn_path = os.path.join(tmp, name + ".onnx"), os.path.join(tmp, name + ".mnn")
-        export_onnx(tm, onnx_path)
-        convert_mnn(onnx_path, mnn_path)
-        em = build(name, enn)
-        em.load_weights({k: v.numpy() for k, v in tm.state_dict().items()})
+        f = lambda ext: os.path.join(tmp, name + ext)  # noqa: E731
+        export_onnx(tm, f(".onnx"))
+        convert_mnn(f(".onnx"), f(".mnn"))
+        np.savez(f(".weights.npz"), **{k: v.numpy() for k, v in tm.state_dict().items()})
+        np.save(f(".x.npy"), x)
         with torch.no_grad():
-            want = tm(torch.from_numpy(x)).numpy()
+            np.save(f(".want.npy"), tm(torch.from_numpy(x)).numpy())
         for nt in [int(t) for t in args.threads.split(",")]:
-            engines = [Express(em, nt), Ort(onnx_path, nt), Mnn(mnn_path, nt)]
-            for e in engines:
-                err = np.abs(e(x) - want).max() / np.abs(want).max()
-                if err > 1e-3:
-                    raise SystemExit(f"{name}: {e.name} output differs from PyTorch (max error {err:.2e} of max)")
-            t = bench(engines, x, args.runs, gap=args.gap)
+            t = bench(name, tmp, nt, args.runs, args.rounds, args.gap)
             rows.append((name, nt, t))
             print(f"{name} threads={nt}: " + ", ".join(f"{k} {v[0]:.1f} ms" for k, v in t.items()), file=sys.stderr,
                   flush=True)
     print(f"\nCPU: {_cpu()}; Express ISA {ex.isa()}; onnxruntime {onnxruntime.__version__}; MNN "
-          f"{__import__('MNN').version()}; batch 1, 3x224x224, float32, median of {args.runs} runs\n")
+          f"{__import__('MNN').version()}; batch 1, 3x224x224, float32, "
+          f"{args.rounds} processes x {args.runs} runs per engine, {args.gap * 1e3:.0f} ms idle before each\n")
     print("Cells: median ms (best run in parentheses); ratios > 1 mean Express is faster.\n")
     print("| model | threads | Express ms | onnxruntime ms | MNN ms | ORT / Express | MNN / Express |")
     print("|---|---|---|---|---|---|---|")

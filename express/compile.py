@@ -81,7 +81,8 @@ class _Compiled:
 
 def compile(fn):
     """Trace `fn(*tensors)` once per input signature (shapes, dtypes, non-tensor arguments) and
-    replay the cached plan on later calls.
+    replay the cached plan on later calls.  `compiled.prepare(*args)` returns the plan for a
+    signature without running it, for loops that write its `input_arrays` and call `run()`.
 
     >>> import express as ex
     >>> f = ex.compile(lambda x, y: ex.exp(x) * y + 1)
