@@ -176,7 +176,8 @@ def main():
     import torch
     torch.set_num_threads(1)
     rows = []
-    tmp = tempfile.mkdtemp(prefix="express-cnn-")
+    tmp_dir = tempfile.TemporaryDirectory(prefix="express-cnn-")  # removed at exit
+    tmp = tmp_dir.name
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     for name in args.models.split(","):
         tm = torch_model(name)
