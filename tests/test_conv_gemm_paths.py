@@ -138,6 +138,15 @@ def test_conv_small_plane_transposed(hw, oc, act, bias, res, k, isa, threads):
     check_conv(2, 40, oc, hw, k, act, bias, res)
 
 
+# deep 1x1 layers on small planes (MobileNetV2's 576 -> 96 at 14 x 14) run transposed, and with
+# pre-packed weights under AVX-512 read the input in place at a per-channel offset (two K blocks
+# here), a partial last tile of pixels (169 = 12 x 14 + 1) and of output channels included
+@pytest.mark.parametrize("hw", [(14, 14), (13, 13), (7, 7)])
+@pytest.mark.parametrize("oc", [64, 100, 260])
+def test_conv_deep_1x1_transposed(hw, oc, isa, threads):
+    check_conv(2, 600, oc, hw, 1, "relu", True, True)
+
+
 # at most 256 output positions and a depth of at least twice the output channels run transposed
 # whatever the fill (ResNet's 1024 -> 256 at 14 x 14, its 3 x 3 stride-2 layers): planes of 50 to
 # 256 positions, 1 x 1 and 3 x 3 at stride 1 and 2, channel counts past a 16-channel block and a
