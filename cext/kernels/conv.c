@@ -311,145 +311,110 @@ static int conv_s2_ok(const ex_conv_params *p) {
 }
 
 #ifdef EX_AVX512
+/* ---- the implicit transposed GEMM of conv_s2 and conv_1x1_tr ----
+ * T[pixel, oc] = A @ W^T with W^T pre-packed as B and A read in place: row i of step k of the
+ * tile based at a is a[ko[k] + i].  Tiles are up to MR consecutive outputs of one output row,
+ * per_row of them a row of ow outputs, each row's inputs rs floats past the previous row's.  A
+ * unit is one B panel (32 output channels) and tpu consecutive tiles. */
 typedef struct {
-  const ex_conv_params *p;
-  const float *xq;      /* one image's [c][hq][2][wq] (xq_task) */
-  const int32_t *ko;    /* per k, its offset in xq past a tile's base (+ 8 for the prefetch) */
+  const float *a;       /* one image's input as the tiles read it (conv_s2: its xq) */
+  const int32_t *ko;    /* per k, its offset past a tile's base (+ 8 for the prefetch) */
   const float *wpk;     /* W^T packed as B */
   float *t;             /* T[oh * ow][oc] */
-  int64_t hq, wq, K, ks, np, rch; /* np: B panels; rch: output rows per unit */
-} s2_ctx;
+  int64_t ow, rs, per_row, tiles, oc, K, ks, np, tpu; /* np: B panels */
+} ko_ctx;
 
-/* units [u0, u1): one B panel (32 output channels) and a range of rch output rows each */
-static void s2_task(void *vctx, int64_t u0, int64_t u1) {
-  const s2_ctx *g = vctx;
-  const ex_conv_params *p = g->p;
-  const int64_t oc = p->oc, ow = p->ow, K = g->K, ks = g->ks, pad_oc = ROUND_UP(oc, NR);
+static void ko_task(void *vctx, int64_t u0, int64_t u1) {
+  const ko_ctx *g = vctx;
+  const int64_t oc = g->oc, pad_oc = ROUND_UP(oc, NR);
   for (int64_t u = u0; u < u1; u++) {
-    const int64_t jr = u % g->np * NR, y0 = u / g->np * g->rch, y1 = EX_MIN(p->oh, y0 + g->rch);
+    const int64_t jr = u % g->np * NR, t0 = u / g->np * g->tpu, t1 = EX_MIN(g->tiles, t0 + g->tpu);
     const int64_t nc = EX_MIN(NR, oc - jr), nv = nc > 16 ? 2 : 1;
-    const __mmask16 mk = (__mmask16)(0xFFFFu >> (16 - (nc - 16 * (nv - 1))));
-    const int64_t tiles = (y1 - y0) * ((ow + MR - 1) / MR);
-    for (int64_t pc = 0; pc < K; pc += ks) {
-      const int64_t kc = EX_MIN(ks, K - pc);
-      const float *pb = g->wpk + pc * pad_oc + jr * kc;
-      int64_t t = 0, fstep;
-      for (int64_t oy = y0; oy < y1; oy++)
-        for (int64_t ox = 0; ox < ow; ox += MR, t++) {
-          const int64_t rows = EX_MIN(MR, ow - ox);
-          const float *a = g->xq + 2 * oy * 2 * g->wq + ox;
-          const char *far = far_share(pb + kc * NR, NR, kc, tiles, t, &fstep); /* as sgemm_range's */
-          UK_KO_TAB[nv - 1][rows](kc, a, g->ko + pc, pb, g->t + (oy * ow + ox) * oc + jr, oc, pc > 0, mk, far, fstep);
-        }
-    }
-  }
-}
-
-static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, const float *bias, const float *res,
-                   float *y) {
-  const int64_t C = p->c, O = p->oc, N = p->oh * p->ow, K = C * p->kh * p->kw;
-  s2_ctx g = {p, NULL, NULL, wpk, NULL, 0, 0, K, kc_step(K), (O + NR - 1) / NR, 1};
-  xq_dims(p, p->ow, &g.hq, &g.wq);
-  float *xq = xq_padded(p, x, g.hq, g.wq, SC_XD), *t = sc_take(SC_TR, (size_t)(N * O));
-  int32_t *ko = malloc((size_t)(K + 8) * sizeof(int32_t));
-  if (!xq || !t || !ko) {
-    free(ko);
-    sc_give(SC_XD, xq);
-    sc_give(SC_TR, t);
-    return EX_ENOMEM;
-  }
-  for (int64_t k = 0; k < K + 8; k++) {
-    const int64_t kk = EX_MIN(k, K - 1), c = kk / (p->kh * p->kw), i = kk / p->kw % p->kh, j = kk % p->kw;
-    ko[k] = (int32_t)(((c * g.hq + i) * 2 + (j & 1)) * g.wq + j / 2);
-  }
-  g.ko = ko;
-  g.t = t;
-  /* units: B panels x ranges of output rows, about 4 a thread.  Where the rows are split, a
-   * thread claims whole ranges, all the panels of each, so that the rows of xq it reads stay in
-   * its L2 (64 -> 128 from 56 x 56 at two threads: 0.44 -> 0.39 ms, panels and ranges had been
-   * claimed one by one, alternately) */
-  const int64_t want = 4 * (int64_t)ex_pool_width();
-  const int64_t nr = g.np >= want ? 1 : EX_MIN(p->oh, (want + g.np - 1) / g.np);
-  g.rch = (p->oh + nr - 1) / nr;
-  for (int64_t b = 0; b < p->n; b++) {
-    g.xq = xq + b * C * g.hq * 2 * g.wq;
-    ex_parallel_for(g.np * ((p->oh + g.rch - 1) / g.rch), nr > 1 ? g.np : 1, s2_task, &g);
-    ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
-    ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
-  }
-  free(ko);
-  sc_give(SC_XD, xq);
-  sc_give(SC_TR, t);
-  return EX_OK;
-}
-#endif
-
-#ifdef EX_AVX512
-/* ---- 1x1, stride 1, few positions, transposed (conv_tr): the implicit GEMM of conv_s2 over the
- * input itself ----
- * Row i of A = x^T at step k is pixel n0 + i of channel k: x[k * N + n0 + i], so a tile of MR
- * consecutive pixels reads A in place at ko[k] = k * N and no transposed copy is packed (perf put
- * 11% of MobileNetV2's 576 -> 96 at 14x14 in that packing).  Units: a B panel (32 output
- * channels) and a range of pixel tiles, about 4 a thread.  In the networks at one thread, the
- * layers taking it ran 8 - 14% faster in MobileNetV2 (1.79 -> 1.64 and 1.89 -> 1.62 ms in all)
- * and 2 - 6% in ResNet-50; at two threads only below 256 output channels (conv_gemm): ResNet-50's
- * 1024 -> 256 at 14x14, units split by panels so that both threads read all 800 KB of x, ran 14%
- * slower than the packed GEMM, and no better with the pixels split between the threads. */
-typedef struct {
-  const float *x;
-  const int32_t *ko;
-  const float *wpk;
-  float *t;
-  int64_t N, oc, K, ks, np, tpu; /* np: B panels; tpu: pixel tiles a unit */
-} p1_ctx;
-
-static void p1_task(void *vctx, int64_t u0, int64_t u1) {
-  const p1_ctx *g = vctx;
-  const int64_t pad_oc = ROUND_UP(g->oc, NR), tiles = (g->N + MR - 1) / MR;
-  for (int64_t u = u0; u < u1; u++) {
-    const int64_t jr = u % g->np * NR, t0 = u / g->np * g->tpu, t1 = EX_MIN(tiles, t0 + g->tpu);
-    const int64_t nc = EX_MIN(NR, g->oc - jr), nv = nc > 16 ? 2 : 1;
     const __mmask16 mk = (__mmask16)(0xFFFFu >> (16 - (nc - 16 * (nv - 1))));
     for (int64_t pc = 0; pc < g->K; pc += g->ks) {
       const int64_t kc = EX_MIN(g->ks, g->K - pc);
       const float *pb = g->wpk + pc * pad_oc + jr * kc;
       int64_t fstep;
       for (int64_t t = t0; t < t1; t++) {
-        const int64_t n0 = t * MR, rows = EX_MIN(MR, g->N - n0);
-        const char *far = far_share(pb + kc * NR, NR, kc, t1 - t0, t - t0, &fstep);
-        UK_KO_TAB[nv - 1][rows](kc, g->x + n0, g->ko + pc, pb, g->t + n0 * g->oc + jr, g->oc, pc > 0, mk, far,
-                                fstep);
+        const int64_t oy = t / g->per_row, ox = t % g->per_row * MR, rows = EX_MIN(MR, g->ow - ox);
+        const char *far = far_share(pb + kc * NR, NR, kc, t1 - t0, t - t0, &fstep); /* as sgemm_range's */
+        UK_KO_TAB[nv - 1][rows](kc, g->a + oy * g->rs + ox, g->ko + pc, pb, g->t + (oy * g->ow + ox) * oc + jr, oc,
+                                pc > 0, mk, far, fstep);
       }
     }
   }
 }
 
-static int conv_1x1_tr(const ex_conv_params *p, const float *x, const float *wpk, const float *bias,
-                       const float *res, float *y) {
-  const int64_t C = p->c, O = p->oc, N = p->oh * p->ow;
-  p1_ctx g = {NULL, NULL, wpk, NULL, N, O, C, kc_step(C), (O + NR - 1) / NR, 1};
+/* ko_task over each image (its input `as` floats past the previous one's, from a), units claimed
+ * `grain` at a time, then conv_tr's transpose with the epilogue into y */
+static int ko_run(ko_ctx *g, const ex_conv_params *p, const float *a, int64_t as, int64_t grain, const float *bias,
+                  const float *res, float *y) {
+  const int64_t O = p->oc, N = p->oh * p->ow;
   float *t = sc_take(SC_TR, (size_t)(N * O));
-  int32_t *ko = malloc((size_t)(C + 8) * sizeof(int32_t));
-  if (!t || !ko) {
-    free(ko);
-    sc_give(SC_TR, t);
-    return EX_ENOMEM;
-  }
-  for (int64_t k = 0; k < C + 8; k++) ko[k] = (int32_t)(EX_MIN(k, C - 1) * N);
-  const int64_t tiles = (N + MR - 1) / MR, want = 4 * (int64_t)ex_pool_width();
-  const int64_t nr = g.np >= want ? 1 : EX_MIN(tiles, (want + g.np - 1) / g.np);
-  g.tpu = (tiles + nr - 1) / nr;
-  g.ko = ko;
-  g.t = t;
+  if (!t) return EX_ENOMEM;
+  g->t = t;
   for (int64_t b = 0; b < p->n; b++) {
-    g.x = x + b * C * N;
-    ex_parallel_for(g.np * ((tiles + g.tpu - 1) / g.tpu), 1, p1_task, &g);
+    g->a = a + b * as;
+    ex_parallel_for(g->np * ((g->tiles + g->tpu - 1) / g->tpu), grain, ko_task, g);
     ctr_ctx tc = {p, t, bias, res ? res + b * O * N : NULL, y + b * O * N, N, O};
     ex_parallel_for((O + 15) / 16, EX_MAX(1, 8192 / (16 * N)), ctr_task, &tc);
   }
-  free(ko);
   sc_give(SC_TR, t);
   return EX_OK;
+}
+
+static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, const float *bias, const float *res,
+                   float *y) {
+  const int64_t C = p->c, O = p->oc, K = C * p->kh * p->kw, per_row = (p->ow + MR - 1) / MR;
+  int64_t hq, wq;
+  xq_dims(p, p->ow, &hq, &wq);
+  float *xq = xq_padded(p, x, hq, wq, SC_XD);
+  int32_t *ko = malloc((size_t)(K + 8) * sizeof(int32_t));
+  if (!xq || !ko) {
+    free(ko);
+    sc_give(SC_XD, xq);
+    return EX_ENOMEM;
+  }
+  for (int64_t k = 0; k < K + 8; k++) {
+    const int64_t kk = EX_MIN(k, K - 1), c = kk / (p->kh * p->kw), i = kk / p->kw % p->kh, j = kk % p->kw;
+    ko[k] = (int32_t)(((c * hq + i) * 2 + (j & 1)) * wq + j / 2);
+  }
+  /* units: B panels x ranges of output rows, about 4 a thread.  Where the rows are split, a
+   * thread claims whole ranges, all the panels of each, so that the rows of xq it reads stay in
+   * its L2 (64 -> 128 from 56 x 56 at two threads: 0.44 -> 0.39 ms, panels and ranges had been
+   * claimed one by one, alternately) */
+  const int64_t np = (O + NR - 1) / NR, want = 4 * (int64_t)ex_pool_width();
+  const int64_t nr = np >= want ? 1 : EX_MIN(p->oh, (want + np - 1) / np), rch = (p->oh + nr - 1) / nr;
+  ko_ctx g = {NULL, ko, wpk, NULL, p->ow, 2 * 2 * wq, per_row, p->oh * per_row, O, K, kc_step(K), np, rch * per_row};
+  const int err = ko_run(&g, p, xq, C * hq * 2 * wq, nr > 1 ? np : 1, bias, res, y);
+  free(ko);
+  sc_give(SC_XD, xq);
+  return err;
+}
+
+/* ---- 1x1, stride 1, few positions, transposed (conv_tr): the same implicit GEMM over the
+ * input itself ----
+ * Row i of A = x^T at step k is pixel n0 + i of channel k: x[k * N + n0 + i], so a tile of MR
+ * consecutive pixels (the plane as one row of N) reads A in place at ko[k] = k * N and no
+ * transposed copy is packed (perf put 11% of MobileNetV2's 576 -> 96 at 14x14 in that
+ * packing).  Units: a B panel and a range of pixel tiles, about 4 a thread.  In the networks at
+ * one thread, the layers taking it ran 8 - 14% faster in MobileNetV2 (1.79 -> 1.64 and 1.89 ->
+ * 1.62 ms in all) and 2 - 6% in ResNet-50; at two threads only below 256 output channels
+ * (conv_gemm): ResNet-50's 1024 -> 256 at 14x14, units split by panels so that both threads read
+ * all 800 KB of x, ran 14% slower than the packed GEMM, and no better with the pixels split
+ * between the threads. */
+static int conv_1x1_tr(const ex_conv_params *p, const float *x, const float *wpk, const float *bias,
+                       const float *res, float *y) {
+  const int64_t C = p->c, O = p->oc, N = p->oh * p->ow, tiles = (N + MR - 1) / MR;
+  int32_t *ko = malloc((size_t)(C + 8) * sizeof(int32_t));
+  if (!ko) return EX_ENOMEM;
+  for (int64_t k = 0; k < C + 8; k++) ko[k] = (int32_t)(EX_MIN(k, C - 1) * N);
+  const int64_t np = (O + NR - 1) / NR, want = 4 * (int64_t)ex_pool_width();
+  const int64_t nr = np >= want ? 1 : EX_MIN(tiles, (want + np - 1) / np);
+  ko_ctx g = {NULL, ko, wpk, NULL, N, 0, tiles, tiles, O, C, kc_step(C), np, (tiles + nr - 1) / nr};
+  const int err = ko_run(&g, p, x, C * N, 1, bias, res, y);
+  free(ko);
+  return err;
 }
 #endif
 
