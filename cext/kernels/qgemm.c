@@ -51,13 +51,18 @@
  * Zen 4 core, a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
  * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating); a
  * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.0 -
- * 15.8 without.  The VNNI GEMV does not prefetch: on that core its step took 12.3 - 13.5 ms
- * (int4) and 22.5 - 23.0 (int8) at one thread with these prefetches, 10.5 - 11.4 and 19.5 - 21.4
- * without; 8.3 - 10.4 -> 6.9 - 9.0 and 17.4 - 18.3 -> 16.1 - 16.9 at two (medians of 16 steps,
- * alternating runs); prefetching only into L2 or only into L1 was no better. */
+ * 15.8 without.  The VNNI GEMV prefetches each stream QG_PF_VNNI ahead into L2 only.  On that
+ * Zen 4 core it had been faster without these prefetches (its step 12.3 - 13.5 ms (int4) and
+ * 22.5 - 23.0 (int8) at one thread with QG_PF1/QG_PF2, 10.5 - 11.4 and 19.5 - 21.4 without); on
+ * the Intel Xeon host of docs/benchmarks.rst an int4 Qwen2.5-0.5B step's products took 18.7 -
+ * 19.1 ms at one thread without, 17.1 - 17.4 with 1 or 4 KB ahead, and 9.1 - 9.5 -> 8.2 - 8.6 at
+ * two (2 KB about the same, 512 B or into L1 less); int8 36.2 - 37.1 -> 34.5 - 34.9 and 18.7 -
+ * 19.3 -> 18.3 - 18.6.  The plain read of ex_read_sum was as fast either way: the GEMV's work
+ * between its loads, not the memory, had been holding its streams back. */
 #define QG_PF 8192
 #define QG_PF1 512
 #define QG_PF2 4096
+#define QG_PF_VNNI 1024
 /* bytes of each stream the idle worker prefetches before a one-row product (ex_prefetch_async):
  * a Qwen2.5-0.5B decode step at two threads, 32 streams, 11.5 -> 11.2 ms (int4) and 20.6 -> 20.2
  * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8 */
@@ -472,6 +477,7 @@ VNNI_FN __attribute__((always_inline)) static inline void gemv_streams(const qg_
       const int8_t *x = c->xq + b * 32;
       const __m512 xs = _mm512_set1_ps(c->xs[b]);
       for (int q = 0; q < S; q++) {
+        for (int l = 0; l < cb; l += 64) _mm_prefetch((const char *)w[q] + QG_PF_VNNI + l, _MM_HINT_T1);
         const __m512 sw = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s[q])), xs);
         acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot_vnni(w[q], x, c->xc[b], BITS)), sw, acc[q]);
         w[q] += cb;
@@ -667,7 +673,9 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
  * The yardstick for the m = 1 GEMV above (llm.py's decode bound): each task reads its part as
  * QG_RS_STREAMS independent streams, prefetched as the GEMV of the same ISA is (see QG_PF1), and
  * sums them, so that no load can be dropped; little work per byte.  (Without the prefetches the
- * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with them.) */
+ * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with QG_PF1/QG_PF2;
+ * on the Intel Xeon host QG_PF_VNNI made no difference: 17.0 - 17.9 / 36.6 - 38.5 GB/s at one / two
+ * threads with it, 17.9 / 37.2 - 37.5 without.) */
 #define QG_RS_STREAMS 4
 #define QG_RS_ITEM 4096 /* floats a parallel_for item: 16 KiB */
 
@@ -689,7 +697,10 @@ VNNI_FN static double rs_avx512(const float *p, int64_t len) {
   __m512 acc[QG_RS_STREAMS];
   for (int s = 0; s < QG_RS_STREAMS; s++) acc[s] = _mm512_setzero_ps();
   for (int64_t i = 0; i < len; i += 16)
-    for (int s = 0; s < QG_RS_STREAMS; s++) acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * len + i));
+    for (int s = 0; s < QG_RS_STREAMS; s++) {
+      _mm_prefetch((const char *)(p + s * len + i) + QG_PF_VNNI, _MM_HINT_T1);
+      acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * len + i));
+    }
   for (int s = 1; s < QG_RS_STREAMS; s++) acc[0] = _mm512_add_ps(acc[0], acc[s]);
   return (double)_mm512_reduce_add_ps(acc[0]);
 }
