@@ -65,11 +65,8 @@
 #define QG_PF_VNNI 1024
 /* bytes of each stream the idle worker prefetches before a one-row product (ex_prefetch_async):
  * a Qwen2.5-0.5B decode step at two threads, 32 streams, 11.5 -> 11.2 ms (int4) and 20.6 -> 20.2
- * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8.  Since the GEMV
- * prefetches its streams itself (QG_PF_VNNI) and walks one range a thread (8 streams), 32 KB: an
- * int4 step's products 8.98 -> 8.77 ms (means of 11 alternating runs, faster in 9, one tie),
- * int8's 17.9 -> 17.7 (2 of 2); 64 KB about the same as 32. */
-#define QG_PF_IDLE 32768
+ * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8 */
+#define QG_PF_IDLE 8192
 /* a one-row GEMV's stream at w, before it reads the cb bytes there (see QG_PF2) */
 static inline __attribute__((always_inline)) void gemv_prefetch(const uint8_t *w, int64_t cb) {
 #if defined(__x86_64__)
