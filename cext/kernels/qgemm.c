@@ -80,17 +80,7 @@ static inline __attribute__((always_inline)) void gemv_prefetch(const uint8_t *w
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define QG_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define QG_MULTI_MAX 8 /* weights one ex_qgemm_multi call takes */
-#define QG_ITEM1 4      /* fewest row groups a parallel_for item has at m = 1 */
-
-/* the parallel_for grain at m = 1: one range a thread, so that each thread's EX_PARTS streams are
- * as long as they can be.  In ranges of at most a quarter of a thread's share (ex_parallel_per's
- * default), the q/k/v product of a Qwen2.5-0.5B decode step read streams of 1 - 3 groups; one
- * range a thread ran an int4 step's products at two threads 1.5 - 3.6% faster in 5 of 6
- * alternating pairs (one 1% slower), int8's 0.6 - 0.9% in 3 of 3. */
-static int64_t gemv_grain(int64_t items) {
-  const int64_t w = ex_pool_width(), per = (items + w - 1) / w;
-  return per > QG_ITEM1 ? per : QG_ITEM1;
-}
+#define QG_ITEM1 4      /* row groups a parallel_for item at m = 1 */
 
 /* bits, k and group a packed weight can have */
 static inline int qg_shape_ok(int32_t bits, int64_t k, int64_t group) {
@@ -613,7 +603,9 @@ int ex_qgemm_multi(int32_t bits, int64_t m, int64_t k, int64_t group, const floa
     first[j + 1] = first[j] + (n[j] + QG_ROWS - 1) / QG_ROWS;
   }
   qg_multi mu = {c, first, count};
-  ex_parallel_for(first[count], m == 1 ? gemv_grain(first[count]) : path != QG_VNNI ? 2 : m >= QG_MR512 ? 1 : 8, multi_task, &mu);
+  /* at m = 1, 4 groups (64 rows) an item: 896 rows split 4:4 over two threads (8 groups an item
+   * gave 4:3, and one thread alone for 128 rows; 12-14% slower on those two shapes) */
+  ex_parallel_for(first[count], m == 1 ? QG_ITEM1 : path != QG_VNNI ? 2 : m >= QG_MR512 ? 1 : 8, multi_task, &mu);
   free(xq), free(xs), free(xc);
   if (then) ex_prefetch_async(then);
   return EX_OK;
@@ -627,7 +619,7 @@ void ex_qgemm_prefetch_plan(int32_t bits, int64_t k, int64_t group, int32_t coun
   for (int32_t j = 0; j < count; j++) first[j + 1] = first[j] + (QG_MAX(n[j], 0) + QG_ROWS - 1) / QG_ROWS;
   const int64_t items = first[count], cb = (bits == 8 ? 512 : 256) * (k / 32), sb = 2 * QG_ROWS * (k / group);
   /* the ranges ex_qgemm_multi's ex_parallel_for makes, each weight's part in EX_WALK_PARTS' streams */
-  const int64_t per = ex_parallel_per(items, gemv_grain(items));
+  const int64_t per = ex_parallel_per(items, QG_ITEM1);
   for (int64_t g0 = 0; g0 < items; g0 += per)
     for (int32_t j = 0; j < count; j++) {
       const int64_t lo = QG_MAX(g0, first[j]) - first[j], hi = QG_MIN(g0 + per, first[j + 1]) - first[j];
