@@ -345,6 +345,13 @@ static void ko_task(void *vctx, int64_t u0, int64_t u1) {
   }
 }
 
+/* the ranges to cut n rows (or tiles) into so that, with np B panels, there are about 4 units a
+ * thread (1 where the panels alone give that many) */
+static int64_t ko_ranges(int64_t np, int64_t n) {
+  const int64_t want = 4 * (int64_t)ex_pool_width();
+  return np >= want ? 1 : EX_MIN(n, (want + np - 1) / np);
+}
+
 /* ko_task over each image (its input `as` floats past the previous one's, from a), units claimed
  * `grain` at a time, then conv_tr's transpose with the epilogue into y */
 static int ko_run(ko_ctx *g, const ex_conv_params *p, const float *a, int64_t as, int64_t grain, const float *bias,
@@ -383,8 +390,7 @@ static int conv_s2(const ex_conv_params *p, const float *x, const float *wpk, co
    * thread claims whole ranges, all the panels of each, so that the rows of xq it reads stay in
    * its L2 (64 -> 128 from 56 x 56 at two threads: 0.44 -> 0.39 ms, panels and ranges had been
    * claimed one by one, alternately) */
-  const int64_t np = (O + NR - 1) / NR, want = 4 * (int64_t)ex_pool_width();
-  const int64_t nr = np >= want ? 1 : EX_MIN(p->oh, (want + np - 1) / np), rch = (p->oh + nr - 1) / nr;
+  const int64_t np = (O + NR - 1) / NR, nr = ko_ranges(np, p->oh), rch = (p->oh + nr - 1) / nr;
   ko_ctx g = {NULL, ko, wpk, NULL, p->ow, 2 * 2 * wq, per_row, p->oh * per_row, O, K, kc_step(K), np, rch * per_row};
   const int err = ko_run(&g, p, xq, C * hq * 2 * wq, nr > 1 ? np : 1, bias, res, y);
   free(ko);
@@ -409,8 +415,7 @@ static int conv_1x1_tr(const ex_conv_params *p, const float *x, const float *wpk
   int32_t *ko = malloc((size_t)(C + 8) * sizeof(int32_t));
   if (!ko) return EX_ENOMEM;
   for (int64_t k = 0; k < C + 8; k++) ko[k] = (int32_t)(EX_MIN(k, C - 1) * N);
-  const int64_t np = (O + NR - 1) / NR, want = 4 * (int64_t)ex_pool_width();
-  const int64_t nr = np >= want ? 1 : EX_MIN(tiles, (want + np - 1) / np);
+  const int64_t np = (O + NR - 1) / NR, nr = ko_ranges(np, tiles);
   ko_ctx g = {NULL, ko, wpk, NULL, N, 0, tiles, tiles, O, C, kc_step(C), np, (tiles + nr - 1) / nr};
   const int err = ko_run(&g, p, x, C * N, 1, bias, res, y);
   free(ko);
