@@ -45,37 +45,23 @@
 #define QG_MR512 8
 /* software prefetch distances (bytes) for streaming weights: a hardware prefetcher alone leaves a
  * single core well short of the DRAM bandwidth (measured on a Zen 5 core; the AVX2 blocks of
- * m > 1 prefetch QG_PF ahead into L1).  The AVX2 m = 1 GEMV prefetches each of its EX_PARTS
- * streams QG_PF2 ahead into L2 and QG_PF1 into L1: a line prefetched into L1 holds one of the
- * core's few L1 miss buffers until it arrives from DRAM, so the far prefetch goes to L2.  On a
- * Zen 4 core, a ring of 200 MB of int4 GEMVs read 18.5 - 18.9 GB/s at one thread with 2 KB into L1 alone,
- * 25.6 - 26.6 with 4 KB into L2 and 512 B into L1 (NumPy's sum 27 - 32 GB/s, alternating); a
- * Qwen2.5-0.5B int4 decode step forced to AVX2 took 12.5 - 15.1 ms at one thread with it, 14.0 -
- * 15.8 without.  The VNNI GEMV prefetches each stream QG_PF_VNNI ahead into L2 only.  On that
- * Zen 4 core it had been faster without these prefetches (its step 12.3 - 13.5 ms (int4) and
- * 22.5 - 23.0 (int8) at one thread with QG_PF1/QG_PF2, 10.5 - 11.4 and 19.5 - 21.4 without); on
- * the Intel Xeon host of docs/benchmarks.rst an int4 Qwen2.5-0.5B step's products took 18.7 -
- * 19.1 ms at one thread without, 17.1 - 17.4 with 1 or 4 KB ahead, and 9.1 - 9.5 -> 8.2 - 8.6 at
- * two (2 KB about the same, 512 B or into L1 less); int8 36.2 - 37.1 -> 34.5 - 34.9 and 18.7 -
- * 19.3 -> 18.3 - 18.6.  The plain read of ex_read_sum was as fast either way: the GEMV's work
- * between its loads, not the memory, had been holding its streams back. */
+ * m > 1 prefetch QG_PF ahead into L1).  The VNNI one-row GEMV prefetches each stream QG_PF_VNNI
+ * ahead into L2 only: on the Intel Xeon host of docs/benchmarks.rst an int4 Qwen2.5-0.5B step's
+ * products took 18.7 - 19.1 ms at one thread without, 17.1 - 17.4 with 1 or 4 KB ahead, and 9.1 -
+ * 9.5 -> 8.2 - 8.6 at two (2 KB about the same, 512 B or into L1 less); int8 36.2 - 37.1 -> 34.5 -
+ * 34.9 and 18.7 - 19.3 -> 18.3 - 18.6 (on a Zen 4 core the same loop had been faster without).
+ * The AVX2 one-row GEMV prefetches nothing.  It used to prefetch 512 B ahead into L1 and 4 KB into
+ * L2, which a Zen 4 core forced to AVX2 had liked a little (a decode step 12.5 - 15.1 ms against
+ * 14.0 - 15.8); on the 2-core Zen 3 (EPYC) machine of docs/benchmarks.rst, the one the engine is
+ * built for, the benchmark's decode loop ran without them at 30.4 - 35.1 tok/s against 25.1 - 30.5
+ * (int4, one thread), 40.7 - 49.7 against 37.4 - 43.8 (two), and int8 18.6 - 22.7 against 14.5 -
+ * 15.9 and 37.4 - 39.5 against 24.8 - 28.2 (alternating processes, 4 - 6 each). */
 #define QG_PF 8192
-#define QG_PF1 512
-#define QG_PF2 4096
 #define QG_PF_VNNI 1024
 /* bytes of each stream the idle worker prefetches before a one-row product (ex_prefetch_async):
  * a Qwen2.5-0.5B decode step at two threads, 32 streams, 11.5 -> 11.2 ms (int4) and 20.6 -> 20.2
  * (int8), medians of 4 alternating runs each; 4 and 16 KB about the same as 8 */
 #define QG_PF_IDLE 8192
-/* a one-row GEMV's stream at w, before it reads the cb bytes there (see QG_PF2) */
-static inline __attribute__((always_inline)) void gemv_prefetch(const uint8_t *w, int64_t cb) {
-#if defined(__x86_64__)
-  for (int64_t l = 0; l < cb; l += 64) {
-    _mm_prefetch((const char *)w + QG_PF1 + l, _MM_HINT_T0);
-    _mm_prefetch((const char *)w + QG_PF2 + l, _MM_HINT_T1);
-  }
-#endif
-}
 
 #define QG_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define QG_MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -305,7 +291,6 @@ AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(cons
       const __m256 xs = _mm256_set1_ps(c->xs[b]);
       const __m256i xc = BITS == 4 ? _mm256_set1_epi32(c->xc[b]) : _mm256_setzero_si256();
       for (int q = 0; q < S; q++) {
-        gemv_prefetch(w[q], cb);
         for (int h = 0; h < 2; h++) {
           const __m256 sw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s[q] + 8 * h))), xs);
           const __m256i d = _mm256_sub_epi32(block_dot_avx2(w[q] + 32 * h, x, BITS), xc);
@@ -451,7 +436,7 @@ VNNI_FN __attribute__((always_inline)) static inline __m512i block_dot_vnni(cons
 }
 
 /* m = 1: S streams side by side, stream q walking the row groups start[q] + i (i < count), each
- * a run of 64-byte steps (4 values of 16 rows) left to the hardware prefetcher (see QG_PF1), against 4
+ * a run of 64-byte steps (4 values of 16 rows) prefetched QG_PF_VNNI ahead (see QG_PF), against 4
  * values of x broadcast from memory.  One stream leaves a core short of the memory's rate: on
  * the Intel Xeon host of docs/benchmarks.rst, a Qwen2.5-0.5B int4 decode step's GEMVs took 20.6 ms
  * at one thread as one stream (a stream prefetched 16 KB ahead into L2 and 1 KB into L1), 17.2 -
@@ -671,9 +656,10 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
 
 /* ---- ex_read_sum: the sum of a float buffer, read as fast as the pool can read ----
  * The yardstick for the m = 1 GEMV above (llm.py's decode bound): each task reads its part as
- * QG_RS_STREAMS independent streams, prefetched as the GEMV of the same ISA is (see QG_PF1), and
+ * QG_RS_STREAMS independent streams, prefetched as the GEMV of the same ISA is (see QG_PF), and
  * sums them, so that no load can be dropped; little work per byte.  (Without the prefetches the
- * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with QG_PF1/QG_PF2;
+ * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with the AVX2
+ * GEMV's old 512 B / 4 KB prefetches;
  * on the Intel Xeon host QG_PF_VNNI made no difference: 17.0 - 17.9 / 36.6 - 38.5 GB/s at one / two
  * threads with it, 17.9 / 37.2 - 37.5 without.) */
 #define QG_RS_STREAMS 4
@@ -710,7 +696,6 @@ AVX2_FN static double rs_avx2(const float *p, int64_t len) {
   for (int s = 0; s < 2 * QG_RS_STREAMS; s++) acc[s] = _mm256_setzero_ps();
   for (int64_t i = 0; i < len; i += 16)
     for (int s = 0; s < QG_RS_STREAMS; s++) {
-      gemv_prefetch((const uint8_t *)(p + s * len + i), 64);
       acc[2 * s] = _mm256_add_ps(acc[2 * s], _mm256_loadu_ps(p + s * len + i));
       acc[2 * s + 1] = _mm256_add_ps(acc[2 * s + 1], _mm256_loadu_ps(p + s * len + i + 8));
     }
