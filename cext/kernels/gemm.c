@@ -400,7 +400,8 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
     return 1;
   }
   const __mmask16 mk = (__mmask16)((1u << w) - 1);
-  UK_TAB[as > 0][nv - 1][mr](kc, a, as, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf, far, fstep);
+  /* as: 0 for a packed A panel, else A's row stride read in place, negative for a flipped A */
+  UK_TAB[as != 0][nv - 1][mr](kc, a, as, b, bs, c, ldc, acc, *fused ? &e : NULL, mk, pf, far, fstep);
   return 1;
 }
 #elif defined(EX_AVX2)
