@@ -659,9 +659,8 @@ int ex_qgemm(int32_t bits, int64_t m, int64_t n, int64_t k, int64_t group, const
  * QG_RS_STREAMS independent streams, prefetched as the GEMV of the same ISA is (see QG_PF), and
  * sums them, so that no load can be dropped; little work per byte.  (Without the prefetches the
  * AVX-512 loop read 32.6 - 34.3 GB/s at one thread on a Zen 4 core, 30.5 - 32.9 with the AVX2
- * GEMV's old 512 B / 4 KB prefetches;
- * on the Intel Xeon host QG_PF_VNNI made no difference: 17.0 - 17.9 / 36.6 - 38.5 GB/s at one / two
- * threads with it, 17.9 / 37.2 - 37.5 without.) */
+ * GEMV's old 512 B / 4 KB prefetches; on the Intel Xeon host QG_PF_VNNI made no difference: 17.0 -
+ * 17.9 / 36.6 - 38.5 GB/s at one / two threads with it, 17.9 / 37.2 - 37.5 without.) */
 #define QG_RS_STREAMS 4
 #define QG_RS_ITEM 4096 /* floats a parallel_for item: 16 KiB */
 

@@ -128,20 +128,24 @@ def test_ggml_linear_bad_input():
         ggml_linear(x, w, "Q8_0", np.zeros(3, np.float32))
 
 
+def operands(x, w, kind):
+    """llama.cpp's quantized activations and the dequantized weights [n, k], in float64."""
+    xa = q8_k(x) if kind.endswith("_K") else q8_0(x)
+    return xa.astype(np.float64), quants.dequantize(w, Q[kind]).reshape(w.shape[0], -1).astype(np.float64)
+
+
 def reference(x, w, kind, bias=None):
     """The dot of llama.cpp's quantized activations with the dequantized blocks, in float64."""
-    xa = q8_k(x) if kind.endswith("_K") else q8_0(x)
-    n = w.shape[0]
-    want = xa.astype(np.float64) @ quants.dequantize(w, Q[kind]).reshape(n, -1).T.astype(np.float64)
+    xa, wd = operands(x, w, kind)
+    want = xa @ wd.T
     return want if bias is None else want + bias
 
 
 def magnitude(x, w, kind):
     """The sum of |products| per output: the scale of a float32 dot's rounding error, which |want|
     is not when a few outputs cancel to near zero."""
-    xa = q8_k(x) if kind.endswith("_K") else q8_0(x)
-    n = w.shape[0]
-    return np.abs(xa).astype(np.float64) @ np.abs(quants.dequantize(w, Q[kind]).reshape(n, -1)).T
+    xa, wd = operands(x, w, kind)
+    return np.abs(xa) @ np.abs(wd).T
 
 
 @pytest.mark.parametrize("kind", list(BLOCK))
