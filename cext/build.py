@@ -67,8 +67,10 @@ def make_builder(base):
         depends=[p("express.h"), p("internal.h"), p("variant_body.h"), p("kernels", "ggml_quant_simd.inc")] + [p("kernels", k) for k in KERNELS],
         include_dirs=[base],
         # C11 without FP contraction, so both variants round exactly as written; no -ffast-math
-        # (NaN/inf semantics must match NumPy); -fno-math-errno only lets sqrtf & co. inline.
-        extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno",
+        # (NaN/inf semantics must match NumPy); -fno-math-errno only lets sqrtf & co. inline, and
+        # -fno-trapping-math (no FP exception flags are read) lets GCC if-convert and so vectorize
+        # loops with float selects: SiLU, GELU-tanh, max/min were scalar loops without it.
+        extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
                             "-Wall", "-Wextra", "-Wno-unused-parameter"],
         libraries=["m", "pthread"],
     )
