@@ -347,6 +347,7 @@ AVX2_FN __attribute__((always_inline)) static inline void gemv_streams_avx2(cons
       const int8_t *x = c->xq + b * 32;
       const __m256 xs = _mm256_set1_ps(c->xs[b]);
       const __m256i xc = BITS == 4 ? _mm256_set1_epi32(c->xc[b]) : _mm256_setzero_si256();
+#pragma GCC unroll 4
       for (int q = 0; q < S; q++) {
         for (int h = 0; h < 2; h++) {
           const __m256 sw = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s[q] + 8 * h))), xs);
