@@ -27,10 +27,9 @@ static const char *const OP_SIG[EX_OP_COUNT] = {
 };
 
 /* ---- the instruction set ---- */
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 /* exp(x), within about 1 ulp of expf for |x| <= 88 (+inf above about 88.4, 0 below -87, and NaN
- * gives +inf), branch-free so that a loop over it vectorizes: Cephes' expf (x = n ln2 + r,
+ * gives +inf), branch-free so that a loop over it vectorizes (GCC if-converts its clamps only
+ * under -fno-trapping-math, which cext/build.py sets): Cephes' expf (x = n ln2 + r,
  * |r| <= ln2 / 2, a degree-6 polynomial) */
 static inline float expf_vec(float x) {
   x = x < 89.0f ? x : 89.0f; /* n = 128: 2^n is +inf */
@@ -103,7 +102,8 @@ static void exec(const ex_instr *in, void *d, const void *a, const void *b, cons
   case EX_OP_F_FLOOR: F1(floorf(x));
   case EX_OP_F_CEIL: F1(ceilf(x));
   case EX_OP_F_ROUND: F1(rintf(x)); /* default rounding mode: half to even */
-  case EX_OP_F_SIGMOID: F1(sigmoidf_(x));
+  /* vectorized as SiLU is; NaN passes through (expf_vec would take it for +inf) */
+  case EX_OP_F_SIGMOID: F1(x != x ? x : 1.0f / (1.0f + expf_vec(-x)));
   case EX_OP_F_RELU: F1(x < 0.0f ? 0.0f : x); /* NaN passes through */
   case EX_OP_F_GELU: F1(0.5f * x * (1.0f + erff(x * SQRT1_2)));
   /* 0.5 x (1 + tanh u) = x sigmoid(2u): no cancellation where tanh u is near -1, and vectorized;
