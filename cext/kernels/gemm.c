@@ -47,7 +47,12 @@
 #define ADIR_MAX 24576 /* floats: 96 KB */
 #define UK_COLS 4 /* a tile's last vector of at most this many columns goes a column at a time */
 /* floats: the skinny GEMVs prefetch their weight stream 16 KB ahead into L2 (into L1, as the
- * AVX2 one once did, 1 x 4096 x 4096 ran at 0.8 of OpenBLAS's speed with AVX-512; into L2 at 1.1) */
+ * AVX2 one once did, 1 x 4096 x 4096 ran at 0.8 of OpenBLAS's speed with AVX-512; into L2 at 1.1).
+ * The AVX2 build's float32 GEMV (sk_gemv) does not: on the 2-core Zen 3 machine of
+ * docs/benchmarks.rst, 1 x 4096 x 4096 read 16.3 - 17.5 GB/s with it and 20.3 - 21.8 without at
+ * one thread (NumPy 18.7 - 20.5), 19.0 - 25.5 and 22.6 - 27.5 at two (medians of 40 calls, both
+ * builds in one process); its float16 GEMV (sk_block) keeps it: 9.0 / 14.4 GB/s at one / two
+ * threads with it, 7.7 / 13.1 without. */
 #define SK_PF 4096
 #define ROUND_UP(x, r) (((x) + (r) - 1) / (r) * (r))
 
@@ -865,7 +870,8 @@ static void sk_block(const sk_ctx *g, const float *const *ai, const int64_t *wo,
 
 #ifdef EX_AVX2
 /* one row of A against float32 weight rows start[q] + i (i < count) of S streams side by side, 32
- * values of each a step with x's loaded once for all, each stream prefetched 16 KB ahead */
+ * values of each a step with x's loaded once for all, each stream prefetched 16 KB ahead in the
+ * AVX-512 build */
 static inline __attribute__((always_inline)) void sk_gemv_rows(const sk_ctx *g, const int64_t *start,
                                                                int64_t count, const int S) {
   const int64_t k = g->k;
@@ -882,8 +888,10 @@ static inline __attribute__((always_inline)) void sk_gemv_rows(const sk_ctx *g, 
       const __m256 x0 = _mm256_loadu_ps(x + p), x1 = _mm256_loadu_ps(x + p + 8), x2 = _mm256_loadu_ps(x + p + 16),
                    x3 = _mm256_loadu_ps(x + p + 24);
       for (int q = 0; q < S; q++) {
+#ifdef EX_AVX512 /* the AVX2 build leaves the streams to the hardware prefetcher: see SK_PF */
         _mm_prefetch((const char *)(w[q] + p + SK_PF), _MM_HINT_T1);
         _mm_prefetch((const char *)(w[q] + p + SK_PF + 16), _MM_HINT_T1);
+#endif
         acc[q][0] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w[q] + p), acc[q][0]);
         acc[q][1] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w[q] + p + 8), acc[q][1]);
         acc[q][0] = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w[q] + p + 16), acc[q][0]);
