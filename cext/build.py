@@ -64,7 +64,7 @@ def make_builder(base):
         '#include <stddef.h>\n#include <stdint.h>\n#include "express.h"\n' + call_source,
         sources=[p("runtime.c"), p("variant_generic.c"), p("variant_avx2.c"), p("variant_avx512.c"), p("kernels", "gather.c"), p("kernels", "qgemm.c"),
                  p("kernels", "ggml_quant.c")],
-        depends=[p("express.h"), p("internal.h"), p("variant_body.h"), p("kernels", "ggml_quant_simd.inc")] + [p("kernels", k) for k in KERNELS],
+        depends=[p("express.h"), p("internal.h"), p("variant_body.h"), p("kernels", "ggml_quant_simd.inc"), p("kernels", "simd_avx2.h")] + [p("kernels", k) for k in KERNELS],
         include_dirs=[base],
         # C11 without FP contraction, so both variants round exactly as written; no -ffast-math
         # (NaN/inf semantics must match NumPy); -fno-math-errno only lets sqrtf & co. inline, and

@@ -40,6 +40,7 @@
 #include <string.h>
 #include "../internal.h"
 #include "half.h"
+#include "simd_avx2.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

@@ -36,6 +36,7 @@
 #include <string.h>
 #include "../internal.h"
 #include "half.h"
+#include "simd_avx2.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -183,22 +184,16 @@ AVX2_FN static void store_rows(const qg_ctx *c, const __m256 *acc, int64_t H, in
 AVX2_FN static void quantize_rows_avx2(const float *x, int64_t nblk, int32_t offset, int8_t *xq, float *xs,
                                        int32_t *xc) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t i = 0; i < nblk; i++) {
     __m256 v[4], m = _mm256_setzero_ps();
     for (int j = 0; j < 4; j++) {
       v[j] = _mm256_loadu_ps(x + i * 32 + 8 * j);
       m = _mm256_max_ps(_mm256_and_ps(v[j], absmask), m);
     }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float d = _mm_cvtss_f32(h) / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+    const float d = ex_hmax8(m) / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
     __m256i q[4];
     for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inv)));
-    /* packs interleave the 128-bit lanes: 4-value runs come out as 0 2 4 6 1 3 5 7 */
-    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256((__m256i *)(xq + i * 32), _mm256_permutevar8x32_epi32(b, order));
+    ex_pack32_i8(xq + i * 32, q[0], q[1], q[2], q[3]);
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
