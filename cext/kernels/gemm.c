@@ -205,7 +205,9 @@ static void pack_b(int64_t kc, int64_t nc, const void *b, int32_t dt, int64_t of
   }
 }
 
-/* C[0:MR, 0:NR] (row stride ldc) = or += packed A panel x packed B panel */
+/* C[0:MR, 0:NR] (row stride ldc) = or += packed A panel x B panel (packed, or rows bs apart
+ * read in place); pf: the prefetches (uk_body's notes) */
+enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4, UK_PF_BFAR = 8 };
 #if defined(EX_AVX512)
 /* The tile's epilogue as the AVX-512 micro-kernel applies it in registers, before the store:
  * bias per row (rb) or per column (cb), residual rows, ReLU / ReLU6.  Other activations are
@@ -224,7 +226,6 @@ typedef struct {
  * hardware prefetcher restarts at every 4 KB page of a panel; otherwise A just a little ahead.
  * far: NULL, or a share of the weights' next panel, fetched into L2 a line every 64 / fstep
  * steps. */
-enum { UK_PF_A = 1, UK_PF_B = 2, UK_PF_BROW = 4, UK_PF_BFAR = 8 };
 static inline __attribute__((always_inline)) void uk_body(const int rows, const int nv, const int adir,
                                                            __mmask16 mk, int64_t kc, const float *a,
                                                            int64_t as, const float *b, int64_t bs, float *c,
@@ -308,9 +309,11 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
   }
 }
 
-static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc,
-                    const char *far, int64_t fstep) {
-  uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, NR, c, ldc, acc, NULL, 0, far, fstep, NULL);
+static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
+  (void)e, (void)i0, (void)j0; /* uk_tile fuses the epilogue */
+  uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, bs, c, ldc, acc, NULL, pf, far, fstep, NULL);
+  return 0;
 }
 
 /* columns [j0, j0 + ncol) of a tile with a packed A panel, one column at a time: the rows of A
@@ -410,8 +413,13 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
   return 1;
 }
 #elif defined(EX_AVX2)
-static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc,
-                    const char *far, int64_t fstep) {
+/* pf: UK_PF_BROW (B read in place: each row's next panel into L1 as this one is read) or
+ * UK_PF_BFAR (rows far apart: this panel's row 8 steps on into L1, the next panel's into L2),
+ * one instance each */
+static inline __attribute__((always_inline)) void uk_body(int64_t kc, const float *a, const float *b, int64_t bs,
+                                                           float *c, int64_t ldc, int acc, const int pf,
+                                                           const char *far, int64_t fstep, const epi_t *e,
+                                                           int64_t i0, int64_t j0) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   /* both ends of each C row: a row not 64-byte aligned spans two lines, and a second line left to
@@ -433,16 +441,43 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
       _mm_prefetch(far, _MM_HINT_T1);
       far += fstep;
     }
+    if (pf == UK_PF_BROW) {
+      _mm_prefetch((const char *)(b + NR), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + 2 * NR - 1), _MM_HINT_T0);
+    } else if (pf == UK_PF_BFAR) {
+      _mm_prefetch((const char *)(b + 8 * bs), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + 8 * bs + NR - 1), _MM_HINT_T0);
+      _mm_prefetch((const char *)(b + NR), _MM_HINT_T1);
+      _mm_prefetch((const char *)(b + 2 * NR - 1), _MM_HINT_T1);
+    }
     ROW(0, c00, c01); ROW(1, c10, c11); ROW(2, c20, c21);
     ROW(3, c30, c31); ROW(4, c40, c41); ROW(5, c50, c51);
     a += MR;
-    b += NR;
+    b += bs;
   }
 #undef ROW
+  /* the epilogue in registers, in epi_tile's order: column bias, row bias, residual, ReLU(6) (the
+   * constant first: NaN passes) */
+  const float *rb = e && e->bias && e->bias_rows ? e->bias + i0 : NULL, *rs = e && e->res ? e->res + i0 * e->res_ld + j0 : NULL;
+  const int cbias = e && e->bias && !e->bias_rows, relu = e && e->act != EX_ACT_NONE;
+  const __m256 cb0 = cbias ? _mm256_loadu_ps(e->bias + j0) : _mm256_setzero_ps(),
+               cb1 = cbias ? _mm256_loadu_ps(e->bias + j0 + 8) : cb0, six = _mm256_set1_ps(e && e->act == EX_ACT_RELU6 ? 6.0f : INFINITY);
 #define OUT(i, r0, r1)                                                                   \
   if (acc) {                                                                             \
     r0 = _mm256_add_ps(r0, _mm256_loadu_ps(c + i * ldc));                                \
     r1 = _mm256_add_ps(r1, _mm256_loadu_ps(c + i * ldc + 8));                            \
+  }                                                                                      \
+  if (e) {                                                                               \
+    if (cbias) { r0 = _mm256_add_ps(r0, cb0); r1 = _mm256_add_ps(r1, cb1); }             \
+    if (rb) { const __m256 bv = _mm256_broadcast_ss(rb + i); r0 = _mm256_add_ps(r0, bv); r1 = _mm256_add_ps(r1, bv); } \
+    if (rs) {                                                                            \
+      r0 = _mm256_add_ps(r0, _mm256_loadu_ps(rs + i * e->res_ld));                       \
+      r1 = _mm256_add_ps(r1, _mm256_loadu_ps(rs + i * e->res_ld + 8));                   \
+    }                                                                                    \
+    if (relu) {                                                                          \
+      r0 = _mm256_min_ps(six, _mm256_max_ps(_mm256_setzero_ps(), r0));                   \
+      r1 = _mm256_min_ps(six, _mm256_max_ps(_mm256_setzero_ps(), r1));                   \
+    }                                                                                    \
   }                                                                                      \
   _mm256_storeu_ps(c + i * ldc, r0);                                                     \
   _mm256_storeu_ps(c + i * ldc + 8, r1)
@@ -450,17 +485,28 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
   OUT(3, c30, c31); OUT(4, c40, c41); OUT(5, c50, c51);
 #undef OUT
 }
+
+/* e: NULL, or the epilogue of a whole tile at C[i0, j0], which it applies (returning 1) when it is
+ * one the registers take: biases, residual, ReLU / ReLU6 */
+static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
+  if (e && (e->act > EX_ACT_RELU6 || (!e->bias && !e->res && e->act == EX_ACT_NONE))) e = NULL;
+  if (pf & UK_PF_BROW) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BROW, far, fstep, e, i0, j0);
+  else if (pf & UK_PF_BFAR) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BFAR, far, fstep, e, i0, j0);
+  else uk_body(kc, a, b, NR, c, ldc, acc, 0, far, fstep, e, i0, j0);
+  return e != NULL;
+}
 #else
 /* Portable: GNU vector extensions (lowered to whatever SIMD the baseline has, e.g. SSE2), one
  * 6x8 half of the tile at a time so the 6 accumulators fit in 16 registers. */
 typedef float v8f __attribute__((vector_size(32)));
-static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc,
-                    const char *far, int64_t fstep) {
-  (void)far, (void)fstep;
+static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
+  (void)pf, (void)far, (void)fstep, (void)e, (void)i0, (void)j0;
   for (int h = 0; h < NR; h += 8) {
     v8f t[MR] = {{0}};
     const float *pa = a, *pb = b + h;
-    for (int64_t p = 0; p < kc; p++, pa += MR, pb += NR) {
+    for (int64_t p = 0; p < kc; p++, pa += MR, pb += bs) {
       v8f bv;
       memcpy(&bv, pb, sizeof bv);
       for (int i = 0; i < MR; i++) t[i] += pa[i] * bv;
@@ -474,6 +520,7 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
       memcpy(c + i * ldc + h, &t[i], sizeof cv);
     }
   }
+  return 0;
 }
 #endif
 
@@ -535,7 +582,7 @@ typedef struct {
   _Atomic int err;
 } sg_ctx;
 
-#ifdef EX_AVX512
+#ifdef EX_AVX2
 /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
  * than packed: with up to 12 panels of A rows (a range of `rows` rows), or many columns, packing B
  * cost as much as 10-30% of the products (measured on 1x1 convolutions, whose B is the input).
@@ -543,7 +590,12 @@ typedef struct {
  * cache sets (on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at 0.6 of the
  * packed speed, and 80-160 x 4096 x 4096 at 0.65-0.8) */
 static inline int b_in_place(const sg_ctx *g, int64_t rows) {
-  return !g->bpk && g->bdt == EX_F32 && g->bcs == 1 && (rows <= 12 * MR || g->n >= 1024) && g->brs % 1024;
+  const int64_t kc = EX_MIN(g->ks, g->k);
+  /* rows a whole number of lines apart fall into 1024 / gcd(lines, 1024) sets of a 1024-set L2 */
+  int64_t sets = 1024;
+  if (g->brs % 16 == 0)
+    for (int64_t l = g->brs / 16; l % 2 == 0 && sets > 1; l /= 2) sets /= 2;
+  return !g->bpk && g->bdt == EX_F32 && g->bcs == 1 && (rows <= 12 * MR || g->n >= 1024) && kc <= 2 * sets;
 }
 #endif
 
@@ -592,7 +644,13 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
    * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
   const int adir = !g->apk && g->acs == 1 && mmax * kmax <= ADIR_MAX && g->ars % 512;
 #else
-  const int bdir = 0, adir = 0, pf = 0;
+  const int adir = 0;
+#ifdef EX_AVX2
+  const int bdir = !g->bsh && b_in_place(g, i1 - i0);
+  const int pf = bdir ? (g->brs >= 512 && kmax >= 96 ? UK_PF_BFAR : UK_PF_BROW) : 0;
+#else
+  const int bdir = 0, pf = 0;
+#endif
 #endif
   /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
@@ -663,9 +721,15 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
                         ldc, acc, pf, far, fstep, &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
             } else if (mr == MR && nr == NR) {
-              ukernel(kc, pa, pb, c, ldc, acc, far, fstep);
-            } else { /* partial tile through a buffer */
-              ukernel(kc, pa, pb, edge, NR, 0, far, fstep);
+              fused = ukernel(kc, pa, pb, bdir ? g->brs : NR, c, ldc, acc, pf, far, fstep, last ? ep : NULL, ic + ir,
+                              jc + jr);
+            } else { /* partial tile through a buffer; B read in place: its last panel packed (a
+                      * full-width read would run past B's rows) */
+              if (bdir && nr < NR && ir == ig)
+                pack_b(kc, nr, g->b, g->bdt, pc * g->brs + jc + jr, g->brs, 1, bp);
+              const int bedge = bdir && nr < NR;
+              ukernel(kc, pa, bedge ? bp : pb, bdir && !bedge ? g->brs : NR, edge, NR, 0, bedge ? 0 : pf, far,
+                      fstep, NULL, 0, 0);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
@@ -1038,7 +1102,7 @@ static int sgemm_run(const float *a, const float *apk, int64_t ars, int64_t acs,
     g.parts = EX_MIN(EX_MAX(g.parts, nt), g.split_n ? nb : rb);
     /* a whole number of ranges per thread: 7 ranges on 2 threads run as 4 + 3 */
     if (g.parts % nt && ROUND_UP(g.parts, nt) <= (g.split_n ? nb : rb)) g.parts = ROUND_UP(g.parts, nt);
-#ifdef EX_AVX512
+#ifdef EX_AVX2
     /* B that every range's micro-kernel reads in place (sgemm_range's bdir) is not packed at all:
      * on Zen 4 at two threads, 128- and 256-square products 125 -> 160 and 143-165 -> 189-193
      * GFLOP/s, a 1024 -> 256 1x1 convolution at 14x14 0.61-0.63 -> 0.55-0.57 ms */
