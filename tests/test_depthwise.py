@@ -128,14 +128,19 @@ def test_depthwise_other_activation_and_nan(isa):
 
 
 @pytest.mark.parametrize("hw,k,stride,pad", [((7, 7), 3, 1, 1), ((14, 14), 3, 2, 1), ((15, 13), 5, 2, 2),
-                                              ((8, 8), 5, 1, 2), ((3, 5), 3, 1, 0), ((19, 19), 5, 2, 0)])
+                                              ((8, 8), 5, 1, 2), ((3, 5), 3, 1, 0), ((19, 19), 5, 2, 0),
+                                              ((14, 14), 3, 1, 1), ((28, 27), 3, 2, 1), ((13, 11), 5, 1, 2),
+                                              ((28, 28), 3, 1, 1), ((56, 55), 3, 2, 1), ((59, 57), 5, 2, 2),
+                                              ((29, 28), 3, 1, 1)])
 def test_depthwise_small_planes_across_channels(hw, k, stride, pad, isa, threads):
-    """Outputs of at most 8 x 8 (MobileNetV2's 7 x 7 stage), computed 16 planes at a time on
-    AVX-512: channel counts around 16, planes of a block spanning two images, SiLU after the row,
-    and NaN through ReLU6."""
+    """Small outputs (MobileNetV2's 7 x 7 to 28 x 28 stages), computed across planes: 16 at a time
+    on AVX-512 (outputs up to 8 x 8), 8 with AVX2 (up to 28 x 28; 29 x 28 just past it): channel
+    counts around 8 and 16, planes of a block spanning two images, SiLU after the row, and NaN
+    through ReLU6."""
     h, w = hw
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    for c, act, res in ((16, "relu6", False), (15, "none", True), (17, "relu", True), (960, "silu", False)):
+    for c, act, res in ((16, "relu6", False), (15, "none", True), (17, "relu", True), (960, "silu", False),
+                        (7, "relu6", True), (9, "none", False)):
         x, wt, b = rnd(2, c, h, w), rnd(c, 1, k, k), rnd(c)
         r = rnd(2, c, oh, ow) if res else None
         if act == "relu6":

@@ -760,25 +760,6 @@ static inline void wg_st(float *p, __m256 v, int lo, int hi) {
                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), i)), v);
 #endif
 }
-/* 8 rows of 8 floats -> 8 vectors, lane l of vector q = r[l][q] */
-static inline void wg_tr8(const __m256 *r, __m256 *q) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
-               t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
-               t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
-               t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
-               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
-               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  q[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  q[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  q[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  q[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  q[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  q[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  q[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  q[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
 #endif
 
 typedef struct {
@@ -1015,9 +996,9 @@ static void wg_in(const wg_ctx *g, int64_t t0, float *V, int64_t c0, int64_t c1)
         for (int l = 0; l < 8; l++)
           s[l] = g->xp + ((ib[l] * C + c) * (4 * g->th + 2) + iy0[l] + p->ph) * g->xpw + ix0[l] + p->pw;
         for (int r = 0; r < 6; r++) {
-          __m256 rw[8], q8[8];
-          for (int l = 0; l < 8; l++) rw[l] = _mm256_loadu_ps(s[l] + r * g->xpw);
-          wg_tr8(rw, q8);
+          __m256 q8[8];
+          for (int l = 0; l < 8; l++) q8[l] = _mm256_loadu_ps(s[l] + r * g->xpw);
+          tr8(q8);
           for (int q = 0; q < 6; q++) memcpy(&d[r][q], &q8[q], sizeof(cv8));
         }
       } else
@@ -1600,12 +1581,13 @@ static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const
     if (o >= no) break;
     for (int v = 0; v < NV; v++) {
       float *yv = yo + o * OHW + 8 * v;
+      const int part = v == NV - 1 && nl < 8; /* masked only when partial: a masked store is slow */
       __m256 r = acc[o][v];
-      if (ro) r = _mm256_add_ps(r, v == NV - 1 ? _mm256_maskload_ps(ro + o * OHW + 8 * v, ml)
-                                               : _mm256_loadu_ps(ro + o * OHW + 8 * v));
+      if (ro) r = _mm256_add_ps(r, part ? _mm256_maskload_ps(ro + o * OHW + 8 * v, ml)
+                                        : _mm256_loadu_ps(ro + o * OHW + 8 * v));
       if (clamp) r = _mm256_max_ps(_mm256_setzero_ps(), r); /* NaN passes: the second operand */
       if (p->act == EX_ACT_RELU6) r = _mm256_min_ps(_mm256_set1_ps(6.0f), r);
-      if (v == NV - 1) _mm256_maskstore_ps(yv, ml, r);
+      if (part) _mm256_maskstore_ps(yv, ml, r);
       else _mm256_storeu_ps(yv, r);
     }
   }

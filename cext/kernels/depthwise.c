@@ -234,6 +234,7 @@ typedef struct {
    * reads as padding: a band of rows (conv_pwdw) or, normally, the whole plane */
   int64_t xplane, ia, ib;
   _Atomic int64_t next; /* the next unclaimed strip */
+  _Atomic int err;      /* EX_ENOMEM from a task that found no buffer (dws_blocks) */
   void (*fn)(void *, int64_t, int64_t); /* the task for this kernel size and stride */
 } dwd_ctx;
 
@@ -374,74 +375,90 @@ static int dwd_ok(const ex_conv_params *p) {
          p->dh == 1 && p->dw == 1;
 }
 
+#ifdef EX_AVX2
+/* Small planes (output at most DWS_MAX x DWS_MAX: MobileNetV2's 14 x 14 and 7 x 7 layers) leave
+ * lanes of a row-wise vector idle and take every load at the row's edges under a mask.  Here
+ * DWD_VL planes at a time are transposed (DWD_VL x DWD_VL blocks in registers) into a
+ * zero-padded [row][column][DWD_VL planes] block, so that every tap of every output is one
+ * aligned vector of the planes times a vector of their weights; the outputs, [position][DWD_VL],
+ * are transposed back with the residual and ReLU/ReLU6 applied before the store.  AVX-512, 960
+ * channels at 7 x 7: 54 -> 16 us.  AVX2 (Zen 3), at one thread: 384 at 14 x 14 62 -> 41 us,
+ * 960 at 7 x 7 56 -> 36 us. */
 #ifdef EX_AVX512
-/* Small planes (output at most DWS_MAX x DWS_MAX: MobileNetV2's 7 x 7 layers) leave most lanes of
- * a row-wise vector idle.  Here 16 planes at a time are transposed (16 x 16 blocks in registers)
- * into a zero-padded [row][column][16 planes] block, so that every tap of every output is one
- * aligned vector of the 16 planes times a vector of their weights; the outputs, [position][16],
- * are transposed back with the residual and ReLU/ReLU6 applied before the store.  960 channels
- * at 7 x 7: 54 -> 16 us. */
 #define DWS_MAX 8
+#define dws_tr tr16
+#else
+#define DWS_MAX 28
+#define dws_tr tr8
+#endif
 #define DWS_PAD ((DWS_MAX - 1) * 2 + DWD_MAXK) /* padded rows / columns at most */
-DWD_INLINE void dws_blocks(const dwd_ctx *g, int64_t b0, int64_t b1, const int K, const int S) {
+DWD_INLINE void dws_blocks(dwd_ctx *g, int64_t b0, int64_t b1, const int K, const int S) {
+  enum { L = DWD_VL };
   const ex_conv_params *p = g->p;
   const int64_t planes = p->n * p->c, HW = p->h * p->w, OHW = p->oh * p->ow;
   const int64_t PH = (p->oh - 1) * S + K, PW = (p->ow - 1) * S + K;
-  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6;
-  float t[DWS_PAD * DWS_PAD * 16] __attribute__((aligned(64)));
-  float o[DWS_MAX * DWS_MAX * 16] __attribute__((aligned(64)));
+  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6, six = p->act == EX_ACT_RELU6;
+  /* t and o (about 140 KB with AVX2) per thread, kept between calls: not on the stack of a thread
+   * that may have a small one */
+  static _Thread_local float *tl_buf;
+  if (!tl_buf && !(tl_buf = aligned_alloc(64, (DWS_PAD * DWS_PAD + DWS_MAX * DWS_MAX) * L * sizeof(float)))) {
+    atomic_store(&g->err, EX_ENOMEM);
+    return;
+  }
+  float *const t = tl_buf, *const o = tl_buf + DWS_PAD * DWS_PAD * L;
   int32_t toff[DWS_PAD * DWS_PAD]; /* input position -> its offset in t, or -1: never read */
-  memset(t, 0, (size_t)(PH * PW * 16) * sizeof(float));
+  memset(t, 0, (size_t)(PH * PW * L) * sizeof(float));
   for (int64_t j = 0; j < HW; j++) {
     const int64_t ty = j / p->w + p->ph, tx = j % p->w + p->pw;
-    toff[j] = ty < PH && tx < PW ? (int32_t)((ty * PW + tx) * 16) : -1;
+    toff[j] = ty < PH && tx < PW ? (int32_t)((ty * PW + tx) * L) : -1;
   }
   for (int64_t bk = b0; bk < b1; bk++) {
-    const int64_t q0 = bk * 16, nq = EX_MIN(16, planes - q0);
-    __m512 wv[DWD_MAXK * DWD_MAXK], bv;
-    float wt[DWD_MAXK * DWD_MAXK][16] = {{0}}, lane[16] = {0};
+    const int64_t q0 = bk * L, nq = EX_MIN(L, planes - q0);
+    dwd_v wv[DWD_MAXK * DWD_MAXK], bv;
+    float wt[DWD_MAXK * DWD_MAXK][L], lane[L];
+    memset(wt, 0, sizeof wt);
+    memset(lane, 0, sizeof lane);
     for (int64_t l = 0, ch = q0 % p->c; l < nq; l++, ch = ch + 1 == p->c ? 0 : ch + 1) {
       for (int k = 0; k < K * K; k++) wt[k][l] = g->w[ch * K * K + k];
       lane[l] = g->bias ? g->bias[ch] : 0.0f;
     }
-    for (int k = 0; k < K * K; k++) wv[k] = _mm512_loadu_ps(wt[k]);
-    bv = _mm512_loadu_ps(lane);
-    /* in: input position j of the 16 planes to (iy + ph, ix + pw) of t, where the taps read */
-    for (int64_t j0 = 0; j0 < HW; j0 += 16) {
-      const __mmask16 mj = (__mmask16)(0xFFFFu >> (16 - EX_MIN(16, HW - j0)));
-      __m512 r[16];
-      for (int l = 0; l < 16; l++)
-        r[l] = l < nq ? _mm512_maskz_loadu_ps(mj, g->x + (q0 + l) * HW + j0) : _mm512_setzero_ps();
-      tr16(r);
-      for (int64_t j = j0; j < EX_MIN(HW, j0 + 16); j++)
-        if (toff[j] >= 0) _mm512_store_ps(t + toff[j], r[j - j0]);
+    for (int k = 0; k < K * K; k++) wv[k] = dwd_ld(wt[k]);
+    bv = dwd_ld(lane);
+    /* in: input position j of the planes to (iy + ph, ix + pw) of t, where the taps read */
+    for (int64_t j0 = 0; j0 < HW; j0 += L) {
+      const dwd_m mj = dwd_mask(0, HW - j0);
+      dwd_v r[L];
+      for (int l = 0; l < L; l++) /* whole vectors unmasked: an AVX2 masked load or store is slower */
+        r[l] = l >= nq ? (dwd_v){0} : j0 + L <= HW ? dwd_ld(g->x + (q0 + l) * HW + j0) : dwd_ldk(g->x + (q0 + l) * HW + j0, mj);
+      dws_tr(r);
+      for (int64_t j = j0; j < EX_MIN(HW, j0 + L); j++)
+        if (toff[j] >= 0) dwd_st(t + toff[j], r[j - j0]);
     }
     for (int64_t oy = 0; oy < p->oh; oy++)
       for (int64_t ox = 0; ox < p->ow; ox++) {
-        const float *tw = t + (oy * S * PW + ox * S) * 16;
-        __m512 a0 = bv, a1 = _mm512_setzero_ps();
+        const float *tw = t + (oy * S * PW + ox * S) * L;
+        dwd_v a0 = bv, a1 = {0};
 #pragma GCC unroll 5
         for (int i = 0; i < K; i++)
 #pragma GCC unroll 5
           for (int j = 0; j < K; j++) { /* two chains: rows alternate */
-            const __m512 v = _mm512_load_ps(tw + (i * PW + j) * 16);
-            if (i & 1) a1 = _mm512_fmadd_ps(wv[i * K + j], v, a1);
-            else a0 = _mm512_fmadd_ps(wv[i * K + j], v, a0);
+            const dwd_v v = dwd_ld(tw + (i * PW + j) * L);
+            if (i & 1) a1 = dwd_fma(wv[i * K + j], v, a1);
+            else a0 = dwd_fma(wv[i * K + j], v, a0);
           }
-        _mm512_store_ps(o + (oy * p->ow + ox) * 16, _mm512_add_ps(a0, a1));
+        dwd_st(o + (oy * p->ow + ox) * L, a0 + a1);
       }
-    /* out: position blocks of 16 transposed back to the planes */
-    for (int64_t j0 = 0; j0 < OHW; j0 += 16) {
-      const int64_t nj = EX_MIN(16, OHW - j0);
-      const __mmask16 mj = (__mmask16)(0xFFFFu >> (16 - nj));
-      __m512 r[16];
-      for (int l = 0; l < 16; l++) r[l] = l < nj ? _mm512_load_ps(o + (j0 + l) * 16) : _mm512_setzero_ps();
-      tr16(r);
+    /* out: position blocks of L transposed back to the planes */
+    for (int64_t j0 = 0; j0 < OHW; j0 += L) {
+      const int64_t nj = EX_MIN(L, OHW - j0);
+      const dwd_m mj = dwd_mask(0, nj);
+      dwd_v r[L];
+      for (int l = 0; l < L; l++) r[l] = l < nj ? dwd_ld(o + (j0 + l) * L) : (dwd_v){0};
+      dws_tr(r);
       for (int64_t l = 0; l < nq; l++) {
         float *y = g->y + (q0 + l) * OHW + j0;
-        __m512 v = r[l];
-        if (g->res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mj, g->res + (q0 + l) * OHW + j0));
-        _mm512_mask_storeu_ps(y, mj, relu512(v, p->act));
+        dwd_v v = r[l];
+        dwd_out(y, g->res ? g->res + (q0 + l) * OHW + j0 : NULL, v, nj, mj, clamp, six);
       }
     }
     if (!clamp && p->act != EX_ACT_NONE)
@@ -453,7 +470,7 @@ DWD_INLINE void dws_blocks(const dwd_ctx *g, int64_t b0, int64_t b1, const int K
  * a run-time K they stayed on the stack, a loop counter between FMAs: 960 channels at 7 x 7
  * 39 -> 29 us, 576 at 14 -> 7 stride 2 37 -> 29 us) */
 static void dws_task(void *vctx, int64_t b0, int64_t b1) {
-  const dwd_ctx *g = vctx;
+  dwd_ctx *g = vctx;
   if (g->p->kh == 3) {
     if (g->p->sh == 1) dws_blocks(g, b0, b1, 3, 1);
     else dws_blocks(g, b0, b1, 3, 2);
@@ -484,14 +501,16 @@ static int dwd_run(const ex_conv_params *p, const float *x, const float *w, cons
                    const float *res, float *y) {
   const int64_t planes = p->n * p->c, per_row = p->ow * p->kh * p->kw;
   const int64_t total = planes * p->oh * per_row, nt = ex_pool_width();
-#ifdef EX_AVX512
+#ifdef EX_AVX2
   if (p->oh <= DWS_MAX && p->ow <= DWS_MAX && p->h <= DWS_PAD && p->w <= DWS_PAD) {
     dwd_ctx g = {.p = p, .x = x, .w = w, .bias = bias, .res = res, .y = y};
-    const int64_t nb = (planes + 15) / 16;
+    const int64_t nb = (planes + DWD_VL - 1) / DWD_VL;
     if (nt == 1 || total < DWD_SERIAL) dws_task(&g, 0, nb);
-    else ex_parallel_for(nb, EX_MAX(1, DWD_GRAIN / EX_MAX(16 * p->oh * per_row, 1)), dws_task, &g);
-    return EX_OK;
+    else ex_parallel_for(nb, EX_MAX(1, DWD_GRAIN / EX_MAX(DWD_VL * p->oh * per_row, 1)), dws_task, &g);
+    return g.err;
   }
+#endif
+#ifdef EX_AVX512
   if (p->ow <= 8) return ex_depthwise_avx2(p, x, w, bias, res, y);
 #endif
   void (*fn)(void *, int64_t, int64_t) = dwd_fn(p);
