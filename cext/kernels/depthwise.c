@@ -465,8 +465,10 @@ DWD_INLINE void dws_blocks(dwd_ctx *g, int64_t b0, int64_t b1, const int K, cons
     for (int64_t j0 = 0; j0 < HW; j0 += L) {
       const dwd_m mj = dwd_mask(0, HW - j0);
       dwd_v r[L];
-      for (int l = 0; l < L; l++) /* whole vectors unmasked: an AVX2 masked load or store is slower */
-        r[l] = l >= nq ? (dwd_v){0} : j0 + L <= HW ? dwd_ld(g->x + (q0 + l) * HW + j0) : dwd_ldk(g->x + (q0 + l) * HW + j0, mj);
+      for (int l = 0; l < L; l++) { /* whole vectors unmasked: an AVX2 masked load or store is slower */
+        const float *xl = g->x + (q0 + l) * HW + j0;
+        r[l] = l >= nq ? (dwd_v){0} : j0 + L <= HW ? dwd_ld(xl) : dwd_ldk(xl, mj);
+      }
       dws_tr(r);
       for (int64_t j = j0; j < EX_MIN(HW, j0 + L); j++)
         if (toff[j] >= 0) dwd_st(t + toff[j], r[j - j0]);
@@ -474,10 +476,13 @@ DWD_INLINE void dws_blocks(dwd_ctx *g, int64_t b0, int64_t b1, const int K, cons
     const int64_t OH = p->oh, OW = p->ow;
     int64_t oy = 0;
     for (; oy + 2 <= OH; oy += 2) /* two output rows a pass: each loaded tap serves both */
-      for (int64_t ox = 0; ox < OW; ox++)
-        dws_pair(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, S, o + (oy * OW + ox) * L, o + ((oy + 1) * OW + ox) * L);
+      for (int64_t ox = 0; ox < OW; ox++) {
+        float *o0 = o + (oy * OW + ox) * L;
+        dws_pair(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, S, o0, o0 + OW * L);
+      }
     for (; oy < OH; oy++)
-      for (int64_t ox = 0; ox < OW; ox++) dws_one(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, o + (oy * OW + ox) * L);
+      for (int64_t ox = 0; ox < OW; ox++)
+        dws_one(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, o + (oy * OW + ox) * L);
     /* out: position blocks of L transposed back to the planes */
     for (int64_t j0 = 0; j0 < OHW; j0 += L) {
       const int64_t nj = EX_MIN(L, OHW - j0);

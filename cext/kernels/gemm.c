@@ -458,10 +458,12 @@ static inline __attribute__((always_inline)) void uk_body(int64_t kc, const floa
 #undef ROW
   /* the epilogue in registers, in epi_tile's order: column bias, row bias, residual, ReLU(6) (the
    * constant first: NaN passes) */
-  const float *rb = e && e->bias && e->bias_rows ? e->bias + i0 : NULL, *rs = e && e->res ? e->res + i0 * e->res_ld + j0 : NULL;
+  const float *rb = e && e->bias && e->bias_rows ? e->bias + i0 : NULL,
+              *rs = e && e->res ? e->res + i0 * e->res_ld + j0 : NULL;
   const int cbias = e && e->bias && !e->bias_rows, relu = e && e->act != EX_ACT_NONE;
   const __m256 cb0 = cbias ? _mm256_loadu_ps(e->bias + j0) : _mm256_setzero_ps(),
-               cb1 = cbias ? _mm256_loadu_ps(e->bias + j0 + 8) : cb0, six = _mm256_set1_ps(e && e->act == EX_ACT_RELU6 ? 6.0f : INFINITY);
+               cb1 = cbias ? _mm256_loadu_ps(e->bias + j0 + 8) : cb0,
+               six = _mm256_set1_ps(e && e->act == EX_ACT_RELU6 ? 6.0f : INFINITY);
 #define OUT(i, r0, r1)                                                                   \
   if (acc) {                                                                             \
     r0 = _mm256_add_ps(r0, _mm256_loadu_ps(c + i * ldc));                                \
@@ -469,7 +471,11 @@ static inline __attribute__((always_inline)) void uk_body(int64_t kc, const floa
   }                                                                                      \
   if (e) {                                                                               \
     if (cbias) { r0 = _mm256_add_ps(r0, cb0); r1 = _mm256_add_ps(r1, cb1); }             \
-    if (rb) { const __m256 bv = _mm256_broadcast_ss(rb + i); r0 = _mm256_add_ps(r0, bv); r1 = _mm256_add_ps(r1, bv); } \
+    if (rb) {                                                                            \
+      const __m256 bv = _mm256_broadcast_ss(rb + i);                                     \
+      r0 = _mm256_add_ps(r0, bv);                                                        \
+      r1 = _mm256_add_ps(r1, bv);                                                        \
+    }                                                                                    \
     if (rs) {                                                                            \
       r0 = _mm256_add_ps(r0, _mm256_loadu_ps(rs + i * e->res_ld));                       \
       r1 = _mm256_add_ps(r1, _mm256_loadu_ps(rs + i * e->res_ld + 8));                   \
@@ -586,12 +592,13 @@ typedef struct {
 /* row-major f32 B is read in place by the micro-kernel, each row's next panel prefetched, rather
  * than packed: with up to 12 panels of A rows (a range of `rows` rows), or many columns, packing B
  * cost as much as 10-30% of the products (measured on 1x1 convolutions, whose B is the input).
- * Not when its rows are a multiple of 4 KB apart: a micro-panel's KC rows then fall into a few
- * cache sets (on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at 0.6 of the
- * packed speed, and 80-160 x 4096 x 4096 at 0.65-0.8) */
+ * Not when a K block's rows fall into too few cache sets: rows a whole number of lines apart land
+ * in 1024 / gcd(lines, 1024) sets of a 1024-set L2, and kc rows need kc / 2 of them (rows a
+ * multiple of 4 KB apart: on an Intel core with a 2 MB L2, 1024- and 2048-square products ran at
+ * 0.6 of the packed speed, and 80-160 x 4096 x 4096 at 0.65-0.8; rows 6 KB apart on Zen 3:
+ * 1536-square products at 0.56-0.63x OpenBLAS against 0.93x packed) */
 static inline int b_in_place(const sg_ctx *g, int64_t rows) {
   const int64_t kc = EX_MIN(g->ks, g->k);
-  /* rows a whole number of lines apart fall into 1024 / gcd(lines, 1024) sets of a 1024-set L2 */
   int64_t sets = 1024;
   if (g->brs % 16 == 0)
     for (int64_t l = g->brs / 16; l % 2 == 0 && sets > 1; l /= 2) sets /= 2;
