@@ -376,14 +376,15 @@ static int dwd_ok(const ex_conv_params *p) {
 }
 
 #ifdef EX_AVX2
-/* Small planes (output at most DWS_MAX x DWS_MAX: MobileNetV2's 14 x 14 and 7 x 7 layers) leave
- * lanes of a row-wise vector idle and take every load at the row's edges under a mask.  Here
+/* Small planes (output at most DWS_MAX x DWS_MAX: MobileNetV2's 28 x 28 to 7 x 7 layers) leave
+ * lanes of a row-wise vector idle and take many loads and stores under a mask.  Here
  * DWD_VL planes at a time are transposed (DWD_VL x DWD_VL blocks in registers) into a
  * zero-padded [row][column][DWD_VL planes] block, so that every tap of every output is one
  * aligned vector of the planes times a vector of their weights; the outputs, [position][DWD_VL],
  * are transposed back with the residual and ReLU/ReLU6 applied before the store.  AVX-512, 960
- * channels at 7 x 7: 54 -> 16 us.  AVX2 (Zen 3), at one thread: 384 at 14 x 14 62 -> 41 us,
- * 960 at 7 x 7 56 -> 36 us. */
+ * channels at 7 x 7: 54 -> 16 us.  AVX2 (8 planes, up to 28 x 28; on Zen 3 a masked store is
+ * slow), at one thread in the network: 192 at 28 x 28 206 -> 170 us, 384 at 14 x 14 140 -> 93,
+ * 960 at 7 x 7 132 -> 77. */
 #ifdef EX_AVX512
 #define DWS_MAX 8
 #define dws_tr tr16
