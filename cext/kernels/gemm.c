@@ -310,8 +310,8 @@ static inline __attribute__((always_inline)) void uk_body(const int rows, const 
 }
 
 static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
-                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
-  (void)e, (void)i0, (void)j0; /* uk_tile fuses the epilogue */
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0, int64_t rows) {
+  (void)e, (void)i0, (void)j0, (void)rows; /* not reached: uk_tile takes every tile */
   uk_body(MR, 2, 0, 0xFFFF, kc, a, 0, b, bs, c, ldc, acc, NULL, pf, far, fstep, NULL);
   return 0;
 }
@@ -419,12 +419,12 @@ static int uk_tile(const epi_t *ep, int last, int64_t i0, int64_t j0, int64_t mr
 static inline __attribute__((always_inline)) void uk_body(int64_t kc, const float *a, const float *b, int64_t bs,
                                                            float *c, int64_t ldc, int acc, const int pf,
                                                            const char *far, int64_t fstep, const epi_t *e,
-                                                           int64_t i0, int64_t j0) {
+                                                           int64_t i0, int64_t j0, int64_t rows) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   /* both ends of each C row: a row not 64-byte aligned spans two lines, and a second line left to
    * a demand miss at the end cost 2048-square products a quarter of their speed */
-  for (int i = 0; i < MR; i++) {
+  for (int i = 0; i < rows; i++) {
     _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
   }
@@ -465,6 +465,7 @@ static inline __attribute__((always_inline)) void uk_body(int64_t kc, const floa
                cb1 = cbias ? _mm256_loadu_ps(e->bias + j0 + 8) : cb0,
                six = _mm256_set1_ps(e && e->act == EX_ACT_RELU6 ? 6.0f : INFINITY);
 #define OUT(i, r0, r1)                                                                   \
+  if (i >= rows) return;                                                                 \
   if (acc) {                                                                             \
     r0 = _mm256_add_ps(r0, _mm256_loadu_ps(c + i * ldc));                                \
     r1 = _mm256_add_ps(r1, _mm256_loadu_ps(c + i * ldc + 8));                            \
@@ -492,14 +493,15 @@ static inline __attribute__((always_inline)) void uk_body(int64_t kc, const floa
 #undef OUT
 }
 
-/* e: NULL, or the epilogue of a whole tile at C[i0, j0], which it applies (returning 1) when it is
- * one the registers take: biases, residual, ReLU / ReLU6 */
+/* the first `rows` rows of the tile (the panel's zero rows past them are computed, not stored);
+ * e: NULL, or the epilogue of the tile at C[i0, j0], which it applies (returning 1) when it is one
+ * the registers take: biases, residual, ReLU / ReLU6 */
 static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
-                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0, int64_t rows) {
   if (e && (e->act > EX_ACT_RELU6 || (!e->bias && !e->res && e->act == EX_ACT_NONE))) e = NULL;
-  if (pf & UK_PF_BROW) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BROW, far, fstep, e, i0, j0);
-  else if (pf & UK_PF_BFAR) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BFAR, far, fstep, e, i0, j0);
-  else uk_body(kc, a, b, NR, c, ldc, acc, 0, far, fstep, e, i0, j0);
+  if (pf & UK_PF_BROW) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BROW, far, fstep, e, i0, j0, rows);
+  else if (pf & UK_PF_BFAR) uk_body(kc, a, b, bs, c, ldc, acc, UK_PF_BFAR, far, fstep, e, i0, j0, rows);
+  else uk_body(kc, a, b, NR, c, ldc, acc, 0, far, fstep, e, i0, j0, rows);
   return e != NULL;
 }
 #else
@@ -507,7 +509,7 @@ static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float
  * 6x8 half of the tile at a time so the 6 accumulators fit in 16 registers. */
 typedef float v8f __attribute__((vector_size(32)));
 static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float *c, int64_t ldc, int acc,
-                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0) {
+                   int pf, const char *far, int64_t fstep, const epi_t *e, int64_t i0, int64_t j0, int64_t rows) {
   (void)pf, (void)far, (void)fstep, (void)e, (void)i0, (void)j0;
   for (int h = 0; h < NR; h += 8) {
     v8f t[MR] = {{0}};
@@ -517,7 +519,7 @@ static int ukernel(int64_t kc, const float *a, const float *b, int64_t bs, float
       memcpy(&bv, pb, sizeof bv);
       for (int i = 0; i < MR; i++) t[i] += pa[i] * bv;
     }
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < rows; i++) {
       v8f cv;
       if (acc) {
         memcpy(&cv, c + i * ldc + h, sizeof cv);
@@ -727,16 +729,16 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             if (uk_tile(ep, last, ic + ir, jc + jr, mr, nr, kc, pa, adir ? g->ars : 0, pb, bdir ? g->brs : NR, c,
                         ldc, acc, pf, far, fstep, &fused)) {
               /* done in place, every tile shape (the AVX-512 kernel) */
-            } else if (mr == MR && nr == NR) {
+            } else if (nr == NR) { /* whole columns: straight into C, however many rows */
               fused = ukernel(kc, pa, pb, bdir ? g->brs : NR, c, ldc, acc, pf, far, fstep, last ? ep : NULL, ic + ir,
-                              jc + jr);
-            } else { /* partial tile through a buffer; B read in place: its last panel packed (a
-                      * full-width read would run past B's rows) */
+                              jc + jr, mr);
+            } else { /* a partial column panel through a buffer; B read in place: its last panel
+                      * packed (a full-width read would run past B's rows) */
               if (bdir && nr < NR && ir == ig)
                 pack_b(kc, nr, g->b, g->bdt, pc * g->brs + jc + jr, g->brs, 1, bp);
               const int bedge = bdir && nr < NR;
               ukernel(kc, pa, bedge ? bp : pb, bdir && !bedge ? g->brs : NR, edge, NR, 0, bedge ? 0 : pf, far,
-                      fstep, NULL, 0, 0);
+                      fstep, NULL, 0, 0, MR);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
