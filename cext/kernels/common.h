@@ -126,6 +126,13 @@ static inline void tr16(__m512 r[16]) {
 }
 #endif
 #ifdef EX_AVX2
+/* relu512's AVX2 twin: ReLU / ReLU6 of v for those act values (any other: v unchanged), NaN
+ * passing through */
+static inline __m256 relu256(__m256 v, int act) {
+  if (act == EX_ACT_RELU || act == EX_ACT_RELU6) v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  if (act == EX_ACT_RELU6) v = _mm256_min_ps(_mm256_set1_ps(6.0f), v);
+  return v;
+}
 /* r[0..7] (rows) -> r[o] = column o of the 8 x 8 block: pairs of rows interleaved, then pairs of
  * pairs, then the 128-bit halves gathered */
 static inline void tr8(__m256 r[8]) {

@@ -1111,8 +1111,7 @@ static void wg_out(const wg_ctx *g, int64_t t0, const float *M, int64_t o0, int6
               __m256 y8 = row[r][v];
               if (g->res) y8 = _mm256_add_ps(y8, wg_ld(g->res + e, lo, hi));
               if (p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6) { /* NaN passes (act_row) */
-                y8 = _mm256_max_ps(_mm256_setzero_ps(), y8);
-                if (p->act == EX_ACT_RELU6) y8 = _mm256_min_ps(_mm256_set1_ps(6.0f), y8);
+                y8 = relu256(y8, p->act);
               } else if (p->act != EX_ACT_NONE) {
                 float f[8];
                 _mm256_storeu_ps(f, y8);
@@ -1575,7 +1574,6 @@ static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const
   }
 #else
   const __m256i ml = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nl), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const int clamp = p->act == EX_ACT_RELU || p->act == EX_ACT_RELU6;
 #pragma GCC unroll 4
   for (int o = 0; o < CS_OB; o++) {
     if (o >= no) break;
@@ -1585,8 +1583,7 @@ static inline __attribute__((always_inline)) void cs_tile(const cs_ctx *g, const
       __m256 r = acc[o][v];
       if (ro) r = _mm256_add_ps(r, part ? _mm256_maskload_ps(ro + o * OHW + 8 * v, ml)
                                         : _mm256_loadu_ps(ro + o * OHW + 8 * v));
-      if (clamp) r = _mm256_max_ps(_mm256_setzero_ps(), r); /* NaN passes: the second operand */
-      if (p->act == EX_ACT_RELU6) r = _mm256_min_ps(_mm256_set1_ps(6.0f), r);
+      r = relu256(r, p->act);
       if (part) _mm256_maskstore_ps(yv, ml, r);
       else _mm256_storeu_ps(yv, r);
     }

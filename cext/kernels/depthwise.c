@@ -393,28 +393,16 @@ static int dwd_ok(const ex_conv_params *p) {
 #define dws_tr tr8
 #endif
 #define DWS_PAD ((DWS_MAX - 1) * 2 + DWD_MAXK) /* padded rows / columns at most */
-/* one output position of the planes (tw: its window's first tap in t, rows PW positions apart):
- * two chains, rows alternating, for the FMA latency */
-DWD_INLINE void dws_one(const float *tw, int64_t PW, const dwd_v *wv, dwd_v bv, const int K, float *out) {
-  dwd_v a0 = bv, a1 = {0};
-#pragma GCC unroll 5
-  for (int i = 0; i < K; i++)
-#pragma GCC unroll 5
-    for (int j = 0; j < K; j++) {
-      const dwd_v v = dwd_ld(tw + (i * PW + j) * DWD_VL);
-      if (i & 1) a1 = dwd_fma(wv[i * K + j], v, a1);
-      else a0 = dwd_fma(wv[i * K + j], v, a0);
-    }
-  dwd_st(out, a0 + a1);
-}
-/* the same position in two consecutive output rows: input row i feeds the first with kernel row i
- * and the second with row i - S, so a tap is loaded once for both (stride 1: 12 loads for 18 FMAs
- * at 3 x 3, not 18), and four chains interleave */
-DWD_INLINE void dws_pair(const float *tw, int64_t PW, const dwd_v *wv, dwd_v bv, const int K, const int S,
-                         float *out0, float *out1) {
+/* one output position of the planes (tw: its window's first tap in t, rows PW positions apart)
+ * and, with `two`, the same position in the next output row: input row i feeds the first with
+ * kernel row i and the second with row i - S, so a tap is loaded once for both (stride 1: 12 loads
+ * for 18 FMAs at 3 x 3, not 18).  Two chains an output, rows alternating, for the FMA latency */
+DWD_INLINE void dws_out(const float *tw, int64_t PW, const dwd_v *wv, dwd_v bv, const int K, const int S,
+                        const int two, float *out0, float *out1) {
+  const int rows = two ? K + S : K; /* input rows read */
   dwd_v a0 = bv, a1 = {0}, b0 = bv, b1 = {0};
 #pragma GCC unroll 7
-  for (int i = 0; i < K + S; i++)
+  for (int i = 0; i < rows; i++)
 #pragma GCC unroll 5
     for (int j = 0; j < K; j++) {
       const dwd_v v = dwd_ld(tw + (i * PW + j) * DWD_VL);
@@ -422,13 +410,13 @@ DWD_INLINE void dws_pair(const float *tw, int64_t PW, const dwd_v *wv, dwd_v bv,
         if (i & 1) a1 = dwd_fma(wv[i * K + j], v, a1);
         else a0 = dwd_fma(wv[i * K + j], v, a0);
       }
-      if (i >= S) {
+      if (two && i >= S) {
         if ((i - S) & 1) b1 = dwd_fma(wv[(i - S) * K + j], v, b1);
         else b0 = dwd_fma(wv[(i - S) * K + j], v, b0);
       }
     }
   dwd_st(out0, a0 + a1);
-  dwd_st(out1, b0 + b1);
+  if (two) dwd_st(out1, b0 + b1);
 }
 DWD_INLINE void dws_blocks(dwd_ctx *g, int64_t b0, int64_t b1, const int K, const int S) {
   enum { L = DWD_VL };
@@ -479,11 +467,11 @@ DWD_INLINE void dws_blocks(dwd_ctx *g, int64_t b0, int64_t b1, const int K, cons
     for (; oy + 2 <= OH; oy += 2) /* two output rows a pass: each loaded tap serves both */
       for (int64_t ox = 0; ox < OW; ox++) {
         float *o0 = o + (oy * OW + ox) * L;
-        dws_pair(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, S, o0, o0 + OW * L);
+        dws_out(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, S, 1, o0, o0 + OW * L);
       }
     for (; oy < OH; oy++)
       for (int64_t ox = 0; ox < OW; ox++)
-        dws_one(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, o + (oy * OW + ox) * L);
+        dws_out(t + (oy * S * PW + ox * S) * L, PW, wv, bv, K, S, 0, o + (oy * OW + ox) * L, NULL);
     /* out: position blocks of L transposed back to the planes */
     for (int64_t j0 = 0; j0 < OHW; j0 += L) {
       const int64_t nj = EX_MIN(L, OHW - j0);

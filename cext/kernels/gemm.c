@@ -456,8 +456,9 @@ static inline __attribute__((always_inline)) void uk_body(int64_t kc, const floa
     b += bs;
   }
 #undef ROW
-  /* the epilogue in registers, in epi_tile's order: column bias, row bias, residual, ReLU(6) (the
-   * constant first: NaN passes) */
+  /* the epilogue in registers, in epi_tile's order: column bias, row bias, residual, ReLU(6) as one
+   * max and one min whatever the activation (relu256's branches, per row, made MobileNetV2's
+   * small-K layers 4-13% slower); the constant first, so NaN passes */
   const float *rb = e && e->bias && e->bias_rows ? e->bias + i0 : NULL,
               *rs = e && e->res ? e->res + i0 * e->res_ld + j0 : NULL;
   const int cbias = e && e->bias && !e->bias_rows, relu = e && e->act != EX_ACT_NONE;
@@ -640,26 +641,24 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
   /* shared mode: just the one block of B the caller packed */
   const int64_t jb = g->bsh ? g->sh_jc : j0, je = g->bsh ? g->sh_jc + g->sh_nc : j1;
   const int64_t pb = g->bsh ? g->sh_pc : 0, pe = g->bsh ? EX_MIN(k, g->sh_pc + ks) : k;
-#ifdef EX_AVX512
+#ifdef EX_AVX2
   const int bdir = !g->bsh && b_in_place(g, i1 - i0);
   /* B read in place: rows 2 KB or more apart are a stride the core's prefetchers do not follow, so
    * with panels of 96 rows or more the micro-kernel fetches them itself, 8 steps ahead, and the
    * next panel goes to L2 only: with the current one it overflowed L1 (1x1 convolutions at 56x56
    * and 28x28 with K 144 - 512 10-15% faster; with K 32, 15% slower).  Otherwise the next panel
    * comes into L1 */
-  const int bfar = g->brs >= 512 && kmax >= 96;
-  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | (bdir ? (bfar ? UK_PF_BFAR : UK_PF_BROW) : 0);
+  const int bpf = bdir ? (g->brs >= 512 && kmax >= 96 ? UK_PF_BFAR : UK_PF_BROW) : 0;
+#else
+  const int bdir = 0, bpf = 0;
+#endif
+#ifdef EX_AVX512
+  const int pf = (g->apk ? UK_PF_A : 0) | (g->bpk ? UK_PF_B : 0) | bpf;
   /* a small row-major A (its MC x KC block within L2, rows not a multiple of 2 KB apart, which
    * would alias in L1) is read in place too: packing it cost square products of 32..256 7-25% */
   const int adir = !g->apk && g->acs == 1 && mmax * kmax <= ADIR_MAX && g->ars % 512;
 #else
-  const int adir = 0;
-#ifdef EX_AVX2
-  const int bdir = !g->bsh && b_in_place(g, i1 - i0);
-  const int pf = bdir ? (g->brs >= 512 && kmax >= 96 ? UK_PF_BFAR : UK_PF_BROW) : 0;
-#else
-  const int bdir = 0, pf = 0;
-#endif
+  const int pf = bpf, adir = 0;
 #endif
   /* B packed here: blocks of columns whose packed form (kc x nc) stays in L2, since with few rows
    * of A each B element is used only m / MR times and a block round-tripping through L3 costs
@@ -732,13 +731,10 @@ static int sgemm_range(const sg_ctx *g, int64_t i0, int64_t i1, int64_t j0, int6
             } else if (nr == NR) { /* whole columns: straight into C, however many rows */
               fused = ukernel(kc, pa, pb, bdir ? g->brs : NR, c, ldc, acc, pf, far, fstep, last ? ep : NULL, ic + ir,
                               jc + jr, mr);
-            } else { /* a partial column panel through a buffer; B read in place: its last panel
+            } else { /* a partial column panel through a buffer; B read in place: this panel
                       * packed (a full-width read would run past B's rows) */
-              if (bdir && nr < NR && ir == ig)
-                pack_b(kc, nr, g->b, g->bdt, pc * g->brs + jc + jr, g->brs, 1, bp);
-              const int bedge = bdir && nr < NR;
-              ukernel(kc, pa, bedge ? bp : pb, bdir && !bedge ? g->brs : NR, edge, NR, 0, bedge ? 0 : pf, far,
-                      fstep, NULL, 0, 0, MR);
+              if (bdir && ir == ig) pack_b(kc, nr, g->b, g->bdt, pc * g->brs + jc + jr, g->brs, 1, bp);
+              ukernel(kc, pa, bdir ? bp : pb, NR, edge, NR, 0, bdir ? 0 : pf, far, fstep, NULL, 0, 0, MR);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = acc ? c[i * ldc + j] + edge[i * NR + j] : edge[i * NR + j];
